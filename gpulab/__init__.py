@@ -1,0 +1,20 @@
+"""gpulab: the helper library of the course "GPU Computing & Distributed Training".
+
+Import it first in every notebook: it decides the runner (cpu or gpu) and, on the cpu runner,
+turns on Numba's CUDA simulator before numba.cuda is loaded.
+
+    import gpulab
+    gpulab.runner            # Runner(name='cpu', ...): sizes, device, backend, precision recipe
+    gpulab.show_source(fn)   # read the library's code from a lesson
+"""
+
+from gpulab import env
+from gpulab.source import show_source
+
+__version__ = "0.1.0"
+
+# Decided once, for the life of the process (see gpulab/env.py).
+runner = env.detect()
+env.switch_simulator(runner)
+
+__all__ = ["env", "runner", "show_source", "__version__"]
