@@ -17,6 +17,8 @@ TORCH_CPU_INDEX ?=
 PIP_INDEX := $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX),)
 
 JUPYTER_ARGS ?=
+# Containers and cloud notebooks often run as root, which Jupyter refuses unless told.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
@@ -31,10 +33,13 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 lab: install
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" \
-	  --LabApp.default_url=/lab/tree/lessons $(JUPYTER_ARGS)
+	  --LabApp.default_url=/lab/tree/lessons $(ALLOW_ROOT) $(JUPYTER_ARGS)
 
+# Unit and end-to-end tests, and every lesson re-executed against its committed outputs.
+# nbval needs --dist loadfile: a notebook's cells must stay together on one worker.
 test: install
-	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile tests lessons \
+	  --nbval --nbval-sanitize-with lessons/nbval_sanitize.cfg $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check gpulab autograder tests benchmarks

@@ -26,7 +26,7 @@ class RunnerError(RuntimeError):
 
 
 def nvidia_gpu_count() -> int:
-    """How many NVIDIA GPUs the CUDA driver can use (0 without a driver), without importing torch."""
+    """How many NVIDIA GPUs the CUDA driver can use (0 without one), without importing torch."""
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
         try:
             libcuda = ctypes.CDLL(name)
