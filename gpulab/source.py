@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def source_of(obj) -> str:
-    """The source of a function, class or module, headed by its file and first line."""
+    """The source of a function, class, module or Numba kernel, headed by its file and line."""
+    obj = getattr(obj, "py_func", obj)  # a @cuda.jit kernel wraps the Python function it runs
     lines, first = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj))
     parts = path.parts

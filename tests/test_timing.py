@@ -51,3 +51,12 @@ def test_show_source_prints_the_library_code(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# gpulab/timing.py, line ")
     assert "def format_seconds" in out
+
+
+def test_show_source_unwraps_a_numba_kernel(capsys):
+    from gpulab.kernels import reduce
+
+    gpulab.show_source(reduce.reduce_kernel_v2)
+    out = capsys.readouterr().out
+    assert out.startswith("# gpulab/kernels/reduce.py, line ")
+    assert "def reduce_kernel_v2" in out
