@@ -1,0 +1,34 @@
+"""The checkers that lab test cells call. Each one runs the learner's code itself, compares plain
+NumPy results with a reference, and fails with an AssertionError that teaches: which case, what
+came out against what was expected, and the likely cause.
+
+    from gpulab.checks import check_block_sum
+    check_block_sum(block_sum, sizes=[256, 1000])
+
+common.py   shared by every lab: "is this the learner's own code", launching, reading results
+lab1.py     Lab 1, CUDA kernels
+"""
+
+from gpulab.checks.lab1 import (
+    check_block_sum,
+    check_block_sum_races,
+    check_histogram,
+    check_histogram_races,
+    check_matmul_tiled,
+    check_matmul_tiled_races,
+    check_saxpy,
+    check_transpose,
+    check_waves,
+)
+
+__all__ = [
+    "check_block_sum",
+    "check_block_sum_races",
+    "check_histogram",
+    "check_histogram_races",
+    "check_matmul_tiled",
+    "check_matmul_tiled_races",
+    "check_saxpy",
+    "check_transpose",
+    "check_waves",
+]

@@ -1,0 +1,42 @@
+"""Seeing and checking Numba CUDA kernels on the CPU: memory-access traces, race and barrier
+checks, and pictures, built on Numba's CUDA simulator.
+
+    from gpulab.sim import run_traced, find_races, check_no_races, RaceError
+    trace = run_traced(kernel, blocks, threads_per_block, *args)   # like kernel[blocks, tpb]
+    trace.global_bytes_read, trace.bytes_by_array, trace.accesses  # what it moved
+    trace.races, trace.barrier_errors                              # what it got wrong
+    check_no_races(kernel, blocks, threads_per_block, *args)       # raises RaceError
+
+trace.py records, races.py judges, draw.py draws; scheduler.py runs the threads of a block
+one at a time so that every run is the same. Taught in: lessons/02_cuda_with_numba.ipynb
+"""
+
+from gpulab.sim.draw import draw_access, draw_traffic, touch_grid, traffic_table
+from gpulab.sim.races import check_no_races, explain, find_races
+from gpulab.sim.records import (
+    Access,
+    DivergentBarrier,
+    KernelTimeout,
+    OutOfBoundsError,
+    Race,
+    RaceError,
+)
+from gpulab.sim.trace import Trace, run_traced
+
+__all__ = [
+    "Access",
+    "DivergentBarrier",
+    "KernelTimeout",
+    "OutOfBoundsError",
+    "Race",
+    "RaceError",
+    "Trace",
+    "check_no_races",
+    "draw_access",
+    "draw_traffic",
+    "explain",
+    "find_races",
+    "run_traced",
+    "touch_grid",
+    "traffic_table",
+]

@@ -1,0 +1,444 @@
+"""Lab 1's checkers pass a correct kernel and fail, with the message that teaches, on the known
+wrong ones a learner writes: an off-by-one guard, no grid-stride loop, swapped indices, a missing
+barrier, a wrong tile index, no atomics, gpulab's own kernel handed in."""
+
+import sys
+
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+import gpulab
+from gpulab.checks import lab1
+from gpulab.checks.common import (
+    SIMULATOR_SWITCH_INTERVAL_S,
+    GuardedOutput,
+    defined_in_library,
+    simulator_pace,
+)
+from gpulab.kernels.histogram import histogram_kernel_v1
+from gpulab.kernels.vector_add import saxpy_kernel_v1
+
+pytestmark = pytest.mark.lab1
+
+THREADS = lab1.BLOCK_SUM_THREADS
+TILE = lab1.TILE
+needs_simulator = pytest.mark.skipif(not gpulab.runner.simulator,
+                                     reason="the simulator raises IndexError on these")
+
+
+# ----------------------------------------------------------------------------- Part 1
+
+
+@cuda.jit
+def saxpy(out, a, x, y):
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = a * x[i] + y[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def saxpy_guard_off_by_one(out, a, x, y):
+    i = cuda.grid(1)
+    while i <= out.size:
+        out[i] = a * x[i] + y[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def saxpy_one_pass(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+@cuda.jit
+def saxpy_swapped(out, a, x, y):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = a * y[i] + x[i]
+
+
+def test_saxpy_passes_a_correct_kernel():
+    lab1.check_saxpy(saxpy, sizes=[1, 64, 1000])
+
+
+def test_saxpy_catches_an_off_by_one_guard():
+    with pytest.raises(AssertionError, match=r"i < n.*strictly less"):
+        lab1.check_saxpy(saxpy_guard_off_by_one, sizes=[1000])
+
+
+def test_saxpy_catches_a_missing_grid_stride_loop():
+    blocks, tpb = lab1.GRID
+    with pytest.raises(AssertionError, match=rf"Only out\[0:{blocks * tpb}\] was written"
+                                             r".*cuda\.gridsize\(1\)"):
+        lab1.check_saxpy(saxpy_one_pass, sizes=[5000])
+
+
+def test_saxpy_without_the_loop_passes_when_the_grid_covers_n():
+    """The visible sizes include one larger than the grid for this reason."""
+    lab1.check_saxpy(saxpy_one_pass, sizes=[10])
+
+
+def test_saxpy_names_swapped_operands():
+    with pytest.raises(AssertionError, match="x and y are swapped"):
+        lab1.check_saxpy(saxpy_swapped, sizes=[100])
+
+
+def test_gpulab_kernels_earn_no_points():
+    with pytest.raises(AssertionError, match="define your own kernel in the notebook; importing "
+                                             "gpulab's version earns no points"):
+        lab1.check_saxpy(saxpy_kernel_v1)
+    with pytest.raises(AssertionError, match="earns no points"):
+        lab1.check_histogram(histogram_kernel_v1)
+    # Re-wrapping gpulab's Python function keeps its code object: still refused.
+    with pytest.raises(AssertionError, match="earns no points"):
+        lab1.check_saxpy(cuda.jit(saxpy_kernel_v1.py_func))
+
+
+def test_a_plain_function_is_not_a_kernel():
+    with pytest.raises(AssertionError, match=r"not a CUDA kernel.*@cuda\.jit"):
+        lab1.check_saxpy(saxpy.py_func)
+    assert not defined_in_library(saxpy.py_func)
+    assert defined_in_library(saxpy_kernel_v1.py_func)
+
+
+@cuda.jit
+def saxpy_stub(out, a, x, y):
+    raise NotImplementedError()
+
+
+@needs_simulator
+def test_an_unfinished_stub_says_what_to_do():
+    with pytest.raises(AssertionError, match=r"(?s)raised NotImplementedError.*Replace"):
+        lab1.check_saxpy(saxpy_stub)
+
+
+def test_a_write_past_the_end_is_reported_on_a_gpu_too():
+    """On a GPU nothing raises IndexError: the write lands in the spare cells, found afterwards."""
+    out = GuardedOutput((4, 3), np.float32, np.nan)
+    host = out.buffer.copy_to_host()
+    host[1, 3] = 7.0  # one column past the end of row 1
+    out.buffer.copy_to_device(host)
+    with pytest.raises(AssertionError, match=r"wrote past the end.*\[1, 3\].*\(4, 3\)"):
+        out.result("kernel", "case")
+    clean = GuardedOutput((5,), np.int32, 0)
+    assert clean.result("kernel").tolist() == [0] * 5
+
+
+def test_simulator_pace_restores_the_switch_interval():
+    before = sys.getswitchinterval()
+    with pytest.raises(RuntimeError), simulator_pace():
+        if gpulab.runner.simulator:
+            assert sys.getswitchinterval() == pytest.approx(SIMULATOR_SWITCH_INTERVAL_S)
+        raise RuntimeError("a kernel failed")
+    assert sys.getswitchinterval() == before
+
+
+# ----------------------------------------------------------------------------- Part 2
+
+
+@cuda.jit
+def transpose(out, a):
+    col, row = cuda.grid(2)
+    if row < a.shape[0] and col < a.shape[1]:
+        out[col, row] = a[row, col]
+
+
+@cuda.jit
+def transpose_swapped(out, a):
+    col, row = cuda.grid(2)
+    if row < a.shape[0] and col < a.shape[1]:
+        out[row, col] = a[col, row]
+
+
+@cuda.jit
+def transpose_wrong_guard(out, a):
+    col, row = cuda.grid(2)
+    if row < a.shape[0] and col < a.shape[0]:  # the column checked against the rows
+        out[col, row] = a[row, col]
+
+
+def test_transpose_passes_a_correct_kernel():
+    lab1.check_transpose(transpose, shapes=[(8, 24), (1, 19), (19, 1), (9, 7)])
+
+
+def test_transpose_catches_swapped_indices_on_a_rectangle():
+    with pytest.raises(AssertionError, match=r"shape\[0\]|out\[col, row\]"):
+        lab1.check_transpose(transpose_swapped, shapes=[(5, 12)])
+
+
+def test_transpose_swapped_indices_pass_on_a_square():
+    """Why the lab's shapes are rectangles: on a square, swapping both indices still transposes."""
+    lab1.check_transpose(transpose_swapped, shapes=[(6, 6)])
+
+
+@cuda.jit
+def transpose_reshape(out, a):
+    col, row = cuda.grid(2)
+    if row < a.shape[0] and col < a.shape[1]:
+        k = row * a.shape[1] + col  # a's memory order, poured into out's shape
+        out[k // out.shape[1], k % out.shape[1]] = a[row, col]
+
+
+def test_transpose_names_a_reshape():
+    with pytest.raises(AssertionError, match="a reshape, not a transpose"):
+        lab1.check_transpose(transpose_reshape, shapes=[(4, 6)])
+
+
+def test_transpose_reports_elements_never_written():
+    with pytest.raises(AssertionError, match=r"never written.*a\.shape\[1\]"):
+        lab1.check_transpose(transpose_wrong_guard, shapes=[(3, 10)])
+
+
+# ----------------------------------------------------------------------------- Part 3
+
+
+@cuda.jit
+def block_sum(out, x):
+    cache = cuda.shared.array(THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    stride = THREADS // 2
+    while stride > 0:
+        if t < stride:
+            cache[t] += cache[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_no_barrier(out, x):
+    cache = cuda.shared.array(THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i < x.size else 0.0
+    stride = THREADS // 2
+    while stride > 0:
+        if t < stride:
+            cache[t] += cache[t + stride]
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_total(out, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        cuda.atomic.add(out, 0, x[i])
+
+
+@cuda.jit
+def block_sum_guard_off_by_one(out, x):
+    cache = cuda.shared.array(THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i <= x.size else 0.0
+    cuda.syncthreads()
+    if t == 0:
+        acc = 0.0
+        for j in range(THREADS):
+            acc += cache[j]
+        out[cuda.blockIdx.x] = acc
+
+
+def test_block_sum_passes_a_correct_kernel():
+    lab1.check_block_sum(block_sum, sizes=[1, 64, 200])
+
+
+def test_block_sum_race_check_passes_a_correct_kernel():
+    lab1.check_block_sum_races(block_sum)
+
+
+def test_block_sum_race_check_catches_a_missing_syncthreads():
+    with pytest.raises(AssertionError, match=r"block_sum .*race"):
+        lab1.check_block_sum_races(block_sum_no_barrier)
+
+
+def test_block_sum_wants_one_sum_per_block():
+    # out starts as NaN, so the atomic total lands in a NaN: out[0] is wrong and the rest unset
+    with pytest.raises(AssertionError, match=r"block_sum .*out\[0\]"):
+        lab1.check_block_sum(block_sum_total, sizes=[200])
+
+
+@needs_simulator
+def test_block_sum_catches_an_off_by_one_guard():
+    with pytest.raises(AssertionError, match=r"(?s)IndexError.*i < n"):
+        lab1.check_block_sum(block_sum_guard_off_by_one, sizes=[200])
+
+
+# ----------------------------------------------------------------------------- Part 4
+
+
+@cuda.jit
+def matmul_tiled(c, a, b, bias):
+    a_tile = cuda.shared.array((TILE, TILE), float32)
+    b_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0.0)
+    for t in range((a.shape[1] + TILE - 1) // TILE):
+        k = t * TILE + tx
+        a_tile[ty, tx] = a[row, k] if row < a.shape[0] and k < a.shape[1] else 0.0
+        k = t * TILE + ty
+        b_tile[ty, tx] = b[k, col] if k < b.shape[0] and col < b.shape[1] else 0.0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += a_tile[ty, j] * b_tile[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc + bias[col]
+
+
+@cuda.jit
+def matmul_wrong_tile_index(c, a, b, bias):
+    a_tile = cuda.shared.array((TILE, TILE), float32)
+    b_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0.0)
+    for t in range((a.shape[1] + TILE - 1) // TILE):
+        a_tile[ty, tx] = a[row, tx] if row < a.shape[0] and tx < a.shape[1] else 0.0  # no t
+        k = t * TILE + ty
+        b_tile[ty, tx] = b[k, col] if k < b.shape[0] and col < b.shape[1] else 0.0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += a_tile[ty, j] * b_tile[j, tx]
+        cuda.syncthreads()
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc + bias[col]
+
+
+@cuda.jit
+def matmul_one_barrier(c, a, b, bias):
+    a_tile = cuda.shared.array((TILE, TILE), float32)
+    b_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    acc = float32(0.0)
+    for t in range((a.shape[1] + TILE - 1) // TILE):
+        k = t * TILE + tx
+        a_tile[ty, tx] = a[row, k] if row < a.shape[0] and k < a.shape[1] else 0.0
+        k = t * TILE + ty
+        b_tile[ty, tx] = b[k, col] if k < b.shape[0] and col < b.shape[1] else 0.0
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += a_tile[ty, j] * b_tile[j, tx]
+        # the barrier before the next loads is missing
+    if row < c.shape[0] and col < c.shape[1]:
+        c[row, col] = acc + bias[col]
+
+
+@cuda.jit
+def matmul_no_bias(c, a, b, bias):
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        acc = float32(0.0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * b[k, col]
+        c[row, col] = acc
+
+
+def test_matmul_tiled_passes_a_correct_kernel():
+    lab1.check_matmul_tiled(matmul_tiled, shapes=[(8, 16, 8), (3, 10, 9)])
+
+
+def test_matmul_tiled_catches_a_wrong_tile_index():
+    with pytest.raises(AssertionError, match=r"Check the tile index.*a\[row, t \* TILE \+ tx\]"):
+        lab1.check_matmul_tiled(matmul_wrong_tile_index, shapes=[(8, 16, 8)])
+
+
+def test_matmul_tiled_names_a_missing_bias():
+    with pytest.raises(AssertionError, match="without the bias"):
+        lab1.check_matmul_tiled(matmul_no_bias, shapes=[(3, 5, 4)])
+
+
+def test_matmul_tiled_race_check():
+    lab1.check_matmul_tiled_races(matmul_tiled)
+    with pytest.raises(AssertionError, match=r"matmul_tiled .*race"):
+        lab1.check_matmul_tiled_races(matmul_one_barrier)
+
+
+# ----------------------------------------------------------------------------- Part 5
+
+
+@cuda.jit
+def histogram(counts, x, bin_width):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        b = x[i] // bin_width
+        if b < counts.size:
+            cuda.atomic.add(counts, b, 1)
+
+
+@cuda.jit
+def histogram_no_atomics(counts, x, bin_width):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        b = x[i] // bin_width
+        if b < counts.size:
+            counts[b] += 1
+
+
+@cuda.jit
+def histogram_guard_off_by_one(counts, x, bin_width):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        b = x[i] // bin_width
+        if b <= counts.size:
+            cuda.atomic.add(counts, b, 1)
+
+
+@cuda.jit
+def histogram_no_width(counts, x, bin_width):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        if x[i] < counts.size:
+            cuda.atomic.add(counts, x[i], 1)
+
+
+def test_histogram_passes_a_correct_kernel():
+    lab1.check_histogram(histogram, sizes=[1, 500])
+    lab1.check_histogram(histogram, sizes=[300], skewed=True)
+    lab1.check_histogram_races(histogram)
+
+
+def test_histogram_race_check_catches_missing_atomics():
+    with pytest.raises(AssertionError, match=r"histogram .*race.*counts"):
+        lab1.check_histogram_races(histogram_no_atomics)
+
+
+def test_histogram_catches_an_off_by_one_guard():
+    with pytest.raises(AssertionError, match=r"i < n"):
+        lab1.check_histogram(histogram_guard_off_by_one, sizes=[500])
+
+
+def test_histogram_names_a_missing_bin_width():
+    with pytest.raises(AssertionError, match=r"v // bin_width"):
+        lab1.check_histogram(histogram_no_width, sizes=[500])
+
+
+# ----------------------------------------------------------------------------- Part 6
+
+
+WAVES_SETTING = dict(gpu="A100", n_blocks=1000, blocks_per_sm=4)
+
+
+def test_waves_accepts_the_spec_sheet_answer():
+    slots = 108 * 4  # an A100 has 108 SMs
+    n_waves = -(-1000 // slots)
+    tail = (1000 - (n_waves - 1) * slots) / slots
+    lab1.check_waves(n_waves, tail, 1000 / (n_waves * slots), **WAVES_SETTING)
+    lab1.check_waves(np.int64(n_waves), np.float32(tail), 1000 / (n_waves * slots),
+                     **WAVES_SETTING)
+
+
+def test_waves_explains_wrong_answers():
+    with pytest.raises(AssertionError, match="round n_blocks / slots up"):
+        lab1.check_waves(1000 / 432, 0.3148, 0.7716, **WAVES_SETTING)
+    with pytest.raises(AssertionError, match="tail_utilization is 136.0000"):
+        lab1.check_waves(3, 136, 0.7716, **WAVES_SETTING)
+    with pytest.raises(AssertionError, match=r"utilization is 0\.3148"):
+        lab1.check_waves(3, 136 / 432, 136 / 432, **WAVES_SETTING)
+    with pytest.raises(AssertionError, match="should be a number"):
+        lab1.check_waves("3", 0.3148, 0.7716, **WAVES_SETTING)
+    with pytest.raises(AssertionError, match="should be a number"):
+        lab1.check_waves(3, None, 0.7716, **WAVES_SETTING)
