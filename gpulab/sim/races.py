@@ -100,7 +100,20 @@ def _race(trace, rec_a, rec_b) -> Race:
         rec_a, rec_b = rec_b, rec_a
     first, second = trace.access(rec_a), trace.access(rec_b)
     return Race(array=first.array, space=first.space, index=first.index,
-                kind=f"{first.kind}-{second.kind}", first=first, second=second)
+                kind=f"{first.kind}-{second.kind}", first=first, second=second,
+                lost_update=_both_update(trace.records, rec_a, rec_b))
+
+
+def _both_update(records, rec_a, rec_b) -> bool:
+    """True when each of the two threads both reads and writes the element on the racing line:
+    the read-add-write of `x[i] += 1` done by many threads."""
+    aid, flat, line = rec_a[2], rec_a[3], rec_a[7]
+    if rec_b[7] != line:
+        return False
+    threads = {(rec_a[0], rec_a[1]), (rec_b[0], rec_b[1])}  # (block, thread)
+    done = {(r[0], r[1], r[4]) for r in records
+            if r[2] == aid and r[3] == flat and r[7] == line and (r[0], r[1]) in threads}
+    return all((blk, thr, k) in done for blk, thr in threads for k in (READ_K, WRITE_K))
 
 
 # ----------------------------------------------------------------------------- public checks
@@ -193,7 +206,7 @@ def hint(race: Race) -> str:
     at = format_index(race.array, race.index)
     same_line = a.line == b.line and a.file == b.file
     kinds = {a.kind, b.kind}
-    if same_line and kinds == {READ, WRITE}:
+    if same_line and kinds == {READ, WRITE} and race.lost_update:
         return (f"`{a.code}` is a read, an add and a write: two threads can read the same old "
                 f"value and one update is lost. Use cuda.atomic.add on {at} (or another "
                 "cuda.atomic.* op), or give each thread its own element and combine them later.")

@@ -98,6 +98,10 @@ class Race:
     kind: str  # "write-read", "read-write", "write-write", "write-atomic" or "atomic-write"
     first: Access  # the access the program reaches first
     second: Access  # the access it races with
+    # Both threads read AND write this element on that line (`x[i] += 1` by many threads): a
+    # lost update, fixed by an atomic. False for `c[t] += c[t + s]`, where one thread reads the
+    # element another writes: a missing barrier.
+    lost_update: bool = False
 
     @property
     def threads(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
