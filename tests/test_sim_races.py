@@ -348,3 +348,38 @@ def test_the_message_shows_a_few_kinds_and_counts_the_rest():
     assert [r.array for r in trace.races] == ["a", "b", "c", "d"]
     assert "a[0]:" in message and "c[0]:" in message and "d[0]:" not in message
     assert "... and 1 more race(s) of 1 other kind(s)" in message
+
+
+@cuda.jit
+def _tree_sum_missing_loop_barrier(out, x):
+    cache = cuda.shared.array(64, float32)
+    t = cuda.threadIdx.x
+    cache[t] = x[t]
+    cuda.syncthreads()
+    stride = 32
+    while stride > 0:
+        if t < stride:
+            cache[t] += cache[t + stride]
+        stride //= 2
+    if t == 0:
+        out[0] = cache[0]
+
+
+@cuda.jit
+def _histogram_plain_increment(counts, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        counts[x[i]] += 1
+
+
+def test_hint_tells_a_missing_barrier_from_a_lost_update():
+    out, x = np.zeros(1, np.float32), np.ones(64, np.float32)
+    races = find_races(_tree_sum_missing_loop_barrier, 1, 64, out, x)
+    assert races and not races[0].lost_update
+    text = explain("tree", races)
+    assert "cuda.syncthreads()" in text and "atomic" not in text
+
+    races = find_races(_histogram_plain_increment, 2, 32, np.zeros(4, np.int32),
+                       np.zeros(64, np.int32))
+    assert races and races[0].lost_update
+    assert "Use cuda.atomic.add on counts[0]" in explain("histogram", races)
