@@ -1,0 +1,70 @@
+"""What each torchrun worker runs before the learner's script (see torchrun.py):
+
+    torchrun ... -m gpulab.distributed._torchrun_entry REPORT_DIR script.py ARGS...
+
+It dies with its parent (the torchrun agent), records where it waits (the status line of
+_worker.py, in REPORT_DIR), registers a stack dump on SIGUSR1, then runs script.py as
+`python script.py ARGS` would. An uncaught exception is written to REPORT_DIR/rank{N}.error
+(time, type, traceback) so the caller can name the rank that failed first, and printed without
+the "[rankN]:" prefix that torch's own hook would add.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _user_traceback(error: BaseException) -> str:
+    """The traceback from the script's first frame: this file and runpy are left out."""
+    tb = error.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb))
+
+
+def main(report_dir: str, script: str, *args: str) -> None:
+    from gpulab.distributed._procs import STACK_SIGNAL, die_with_parent
+    from gpulab.distributed._worker import StatusBoard, watch_collectives
+
+    die_with_parent(os.getppid())
+    report, rank = Path(report_dir), int(os.environ.get("RANK", "0"))
+    board = StatusBoard(report / f"rank{rank}.status", create=True)
+    (report / f"rank{rank}.pid").write_text(str(os.getpid()))
+    stack_file = open(report / f"rank{rank}.stack", "w")  # noqa: SIM115 - for faulthandler
+    if STACK_SIGNAL is not None:
+        faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
+    import torch.distributed as dist
+
+    watch_collectives(dist, board)
+    board.set("run")
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script.py` does
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        board.set("done", "exited")
+        raise
+    except BaseException as error:  # noqa: BLE001 - reported, then the rank exits with 1
+        text = _user_traceback(error)
+        (report / f"rank{rank}.error").write_text(json.dumps({
+            "time": time.time(), "type": type(error).__name__, "message": str(error),
+            "traceback": text}))
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        board.set("done", "raised")
+        raise SystemExit(1) from None
+    board.set("done", "finished")
+
+
+if __name__ == "__main__":
+    import gpulab  # noqa: F401 - decides the runner before the script imports numba.cuda
+
+    main(*sys.argv[1:])

@@ -1,0 +1,272 @@
+"""Run a function on N real processes, one per rank, with one call from a notebook cell.
+
+    def hello(rank, world_size):
+        t = torch.tensor([rank + 1.0])
+        dist.all_reduce(t)                      # 1 + 2 + ... + world_size on every rank
+        return t.item()
+
+    run_on_ranks(hello, 4)                      # [10.0, 10.0, 10.0, 10.0], in rank order
+
+What it does for you, and why:
+- a fresh interpreter per rank (never fork: forking a process that already has torch's or
+  Numba's threads can deadlock the child);
+- the function may be defined in the notebook itself: it travels by value (see _pickle.py);
+- each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
+  torchrun sets them, joins the default process group with the runner's backend (gloo on CPU,
+  nccl with one GPU per rank on a GPU runner) and leaves it at the end;
+- the rendezvous store is hosted by this process on a port the OS picks, so two launches (two
+  notebooks, two test workers) never fight over a port;
+- output comes back prefixed with "[rank N] "; return values come back in rank order;
+- an exception on a rank comes back as RankError with that rank's traceback, and the other
+  ranks are stopped; a hang is cut by the time limit with LaunchTimeout, which says where each
+  rank was waiting; a start-up failure of the process group is retried once;
+- no process outlives the call, whatever happens (see _procs.py).
+
+Taught in: lessons/04_distributed_fundamentals.ipynb
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from gpulab.distributed import _pickle, _procs
+from gpulab.distributed._worker import PHASES, StatusBoard, describe
+from gpulab.distributed.errors import LaunchTimeout, ProcessGroupStartError, RankError
+
+_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the gpulab package
+_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
+         "from gpulab.distributed._worker import main; main(*sys.argv[1:3])")
+_RUN = PHASES.index("run")
+_ERROR_GRACE_S = 0.3  # after a first error, how long other ranks get to report their own
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How to run a function on ranks. `run_on_ranks` is `Launcher(world_size, ...).run(...)`."""
+
+    world_size: int  # number of ranks (processes)
+    backend: str | None = None  # "gloo" or "nccl"; None: gpulab.runner.backend
+    timeout_s: float | None = 120.0  # limit for the function, counted once every rank runs it
+    start_timeout_s: float = 90.0  # limit for start-up: interpreter, imports, process group
+    start_retries: int = 1  # relaunches after a start-up failure, when no user code ran
+    kill_grace_s: float = 1.0  # between SIGTERM and SIGKILL when ranks are stopped
+    before_init: Any = None  # called as before_init(rank, world_size) before the group forms
+    echo: bool = True  # print the ranks' output here, prefixed with "[rank N] "
+
+    def run(self, fn, *args, **kwargs) -> list:
+        """fn(rank, world_size, *args, **kwargs) on every rank; the return values in rank order."""
+        backend = self._backend()
+        payload = _pickle.dumps((fn, args, kwargs, self.before_init))
+        for attempt in range(self.start_retries + 1):
+            try:
+                return self._attempt(payload, backend)
+            except ProcessGroupStartError as error:
+                if error.user_code_ran or attempt == self.start_retries:
+                    raise
+                print(f"{error} -- retrying the launch once.", file=sys.stderr, flush=True)
+        raise AssertionError("unreachable")
+
+    def _backend(self) -> str:
+        import gpulab
+
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
+        backend = self.backend or gpulab.runner.backend
+        if backend == "nccl" and self.world_size > gpulab.runner.gpu_count:
+            raise ValueError(
+                f"nccl needs one GPU per rank: world_size={self.world_size}, but this machine "
+                f"has {gpulab.runner.gpu_count} GPU(s). Use fewer ranks, or backend='gloo'.")
+        return backend
+
+    def _attempt(self, payload: bytes, backend: str) -> list:
+        import torch.distributed as dist
+
+        pg_timeout_s = (self.timeout_s or 1800.0) + self.start_timeout_s
+        # Port 0: the OS picks a free port, and this process keeps it for the whole launch.
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=pg_timeout_s),
+                              wait_for_workers=False)
+        launch_dir = Path(tempfile.mkdtemp(prefix="gpulab-ranks-"))
+        go_read, go_write = os.pipe()  # not inherited, except by the ranks (pass_fds)
+        procs: list[subprocess.Popen] = []
+        boards: list[StatusBoard] = []
+        forwarder = _procs.OutputForwarder(echo=self.echo)
+        try:
+            boards += [StatusBoard(launch_dir / f"rank{r}.status", create=True)
+                       for r in range(self.world_size)]
+            (launch_dir / "payload.pkl").write_bytes(payload)
+            (launch_dir / "spec.json").write_text(json.dumps({
+                "world_size": self.world_size, "backend": backend, "store_host": "127.0.0.1",
+                "store_port": store.port, "pg_timeout_s": pg_timeout_s,
+                "parent_pid": os.getpid(), "go_fd": go_read, "sys_path": sys.path}))
+            for rank in range(self.world_size):
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-c", _BOOT.format(root=_ROOT), str(launch_dir), str(rank)],
+                    env=self._env(rank, backend, store.port), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(go_read,),
+                    start_new_session=True))  # its own process group: one killpg stops it all
+                forwarder.watch(procs[-1].stdout, f"[rank {rank}] ", to_stderr=False)
+                forwarder.watch(procs[-1].stderr, f"[rank {rank}] ", to_stderr=True)
+            os.close(go_read)
+            go_read = None
+            values = self._supervise(procs, boards, launch_dir, forwarder)
+            os.close(go_write)  # "go": every rank has its result; they leave the group and exit
+            go_write = None
+            self._wait_exit(procs)
+            return values
+        finally:
+            for fd in (go_read, go_write):
+                if fd is not None:
+                    os.close(fd)
+            _procs.stop([p for p in procs if p.poll() is None], self.kill_grace_s)
+            forwarder.finish()
+            for board in boards:
+                board.close()
+            shutil.rmtree(launch_dir, ignore_errors=True)
+            del store
+
+    def _env(self, rank: int, backend: str, port: int) -> dict[str, str]:
+        import gpulab
+
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   GPULAB_RUNNER=gpulab.runner.name,  # every rank decides as this process did
+                   PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+        if backend == "gloo":
+            # N ranks that each start one thread per core would fight over the cores.
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                      // self.world_size)))
+            loopback = _procs.loopback_interface()  # one machine: talk over loopback
+            if loopback:
+                env.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        return env
+
+    def _supervise(self, procs, boards, launch_dir: Path, forwarder) -> list:
+        """Wait for every rank's result, a failure, or a time limit; return values in order."""
+        results: dict[int, tuple] = {}
+        start_deadline = time.monotonic() + self.start_timeout_s
+        run_deadline = first_error = None
+        while True:
+            forwarder.drain()
+            for rank in range(len(procs)):
+                path = launch_dir / f"rank{rank}.result"
+                if rank not in results and path.exists():
+                    results[rank] = _pickle.loads(path.read_bytes())
+            dead = {r: p.returncode for r, p in enumerate(procs)
+                    if r not in results and p.poll() is not None}
+            failed = dead or any(res[0] == "error" for res in results.values())
+            now = time.monotonic()
+            if failed:
+                first_error = first_error or now
+                if now - first_error >= _ERROR_GRACE_S or len(results) + len(dead) == len(procs):
+                    raise self._failure(results, dead, boards, forwarder)
+            elif len(results) == len(procs):
+                return [results[r][1] for r in range(len(procs))]
+            if run_deadline is None and all(_phase(b) >= _RUN for b in boards):
+                run_deadline = now + (self.timeout_s if self.timeout_s is not None else 1e12)
+            if run_deadline is not None and now > run_deadline:
+                raise self._timeout(procs, boards, launch_dir)
+            if run_deadline is None and now > start_deadline:
+                ran = any(_phase(b) >= _RUN for b in boards)
+                raise ProcessGroupStartError(
+                    f"the process group failed to start within {self.start_timeout_s:g} s: "
+                    + "; ".join(f"rank {r}: {describe(b)}" for r, b in enumerate(boards)
+                                if _phase(b) < _RUN), None, ran)
+            time.sleep(0.01)
+
+    def _failure(self, results, dead, boards, forwarder) -> Exception:
+        """The error to raise: the first rank that failed, with what the others were doing."""
+        errors = sorted((res[6], r, res) for r, res in results.items() if res[0] == "error")
+        others = [f"rank {r} was stopped while {describe(b)}" for r, b in enumerate(boards)
+                  if r not in results and r not in dead]
+        others += [f"rank {r} also raised {res[2]}: {res[3]}" for _, r, res in errors[1:]]
+        tail = f"\nThe other ranks: {'; '.join(others)}." if others else ""
+        ran = any(res[0] == "ok" or res[1] in ("run", "return") for res in results.values()) \
+            or any(_phase(b) >= _RUN for r, b in enumerate(boards) if r not in results)
+        if errors:
+            _, rank, (_, phase, exc_type, message, text, exc, _) = errors[0]
+            if phase == "start":
+                return ProcessGroupStartError(
+                    f"the process group failed to start: rank {rank} raised {exc_type}: "
+                    f"{message}\n{text}{tail}", rank, ran)
+            what = {"load": "could not load the function:", "run": "raised",
+                    "return": "could not send back its return value:"}[phase]
+            return RankError(f"rank {rank} {what} {exc_type}: {message}\n"
+                             f"--- traceback from rank {rank} ---\n{text.rstrip()}{tail}",
+                             rank, exc_type, text, exc)
+        rank, code = min(dead.items())
+        how = _exit_text(code)
+        forwarder.drain()
+        output = forwarder.text(f"[rank {rank}] ", last=15)
+        if _phase(boards[rank]) < _RUN:
+            return ProcessGroupStartError(
+                f"the process group failed to start: rank {rank} {how} while "
+                f"{describe(boards[rank])}.\nIts last output:\n{output}{tail}", rank, ran)
+        return RankError(f"rank {rank} {how} before returning.\nIts last output:\n{output}{tail}",
+                         rank, "", output)
+
+    def _timeout(self, procs, boards, launch_dir: Path) -> LaunchTimeout:
+        running = {r: p.pid for r, p in enumerate(procs)
+                   if p.poll() is None and _phase(boards[r]) < PHASES.index("done")}
+        where = {r: describe(boards[r]) for r in running}
+        stacks = _procs.dump_stacks(running, {r: launch_dir / f"rank{r}.stack" for r in running})
+        stacks = {r: _procs.user_stack(text) for r, text in stacks.items() if text.strip()}
+        done = [r for r in range(len(procs)) if r not in running]
+        lines = [f"the function did not finish on every rank within timeout_s={self.timeout_s:g}"
+                 " s; every rank was stopped.", "Still running:"]
+        lines += [f"  rank {r}: {where[r]}" for r in sorted(where)]
+        if done:
+            lines.append(f"Finished: {', '.join(f'rank {r}' for r in done)}.")
+        if any("waiting in" in w for w in where.values()):
+            lines.append("A rank waiting in a collective forever usually means another rank "
+                         "never made the matching call (a collective under `if rank == ...`, "
+                         "or called a different number of times on different ranks).")
+        for r, stack in sorted(stacks.items()):
+            lines.append(f"--- rank {r}, Python stack when stopped (most recent call first) ---")
+            lines.append(stack)
+        return LaunchTimeout("\n".join(lines), where, stacks)
+
+    def _wait_exit(self, procs) -> None:
+        """Ranks leave the process group and exit; one stuck in teardown is stopped (the
+        results are already here)."""
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.01)
+
+
+def run_on_ranks(fn, world_size: int, *args, timeout_s: float | None = 120.0,
+                 backend: str | None = None, **kwargs) -> list:
+    """Run fn(rank, world_size, *args, **kwargs) on `world_size` processes; return the values in
+    rank order. timeout_s limits the function (start-up is not counted); None: no limit.
+
+    fn may be defined in the notebook (it travels by value, with the notebook globals it uses);
+    anything else it needs is imported on each rank with this process's sys.path and working
+    folder. Arguments and return values must be picklable: return numbers or CPU tensors
+    (`t.cpu()`), since a CUDA tensor would be rebuilt on this process's GPU. POSIX only (Linux,
+    macOS, Colab)."""
+    return Launcher(world_size, backend=backend, timeout_s=timeout_s).run(fn, *args, **kwargs)
+
+
+def _phase(board: StatusBoard) -> int:
+    return PHASES.index(board.get()[0]) if board.get()[0] in PHASES else 0
+
+
+def _exit_text(code: int) -> str:
+    if code is not None and code < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

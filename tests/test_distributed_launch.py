@@ -1,0 +1,358 @@
+"""run_on_ranks and torchrun_script: real processes, real gloo, and every way a launch can fail.
+
+Each launch costs a couple of seconds (a fresh interpreter per rank imports torch), so each
+test checks several things in one launch; the ones that also start a Jupyter kernel or torchrun
+are marked slow. Every failing launch is also checked for leftovers:
+no process started by the launcher may outlive the call.
+"""
+
+import functools
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from gpulab.distributed import (
+    Launcher,
+    LaunchTimeout,
+    ProcessGroupStartError,
+    RankError,
+    _pickle,
+    run_on_ranks,
+)
+from gpulab.distributed.torchrun import torchrun_script
+
+pytestmark = pytest.mark.dist
+
+# A notebook cell, as a learner would write it: a model class, a dataclass, a helper, a global,
+# a recursive function, a closure and a lambda, all defined in `__main__`.
+NOTEBOOK_CELL = '''
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+SCALE = 10.0
+
+@dataclass(frozen=True)
+class Settings:
+    power: int = 2
+
+class TinyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((3,), 2.0))
+
+    def forward(self, x):
+        return (self.w * x).sum()
+
+def scaled(x):
+    return x * SCALE
+
+def factorial(n):
+    return 1 if n <= 1 else n * factorial(n - 1)
+
+def make_power(k):
+    return lambda v: v ** k
+
+def notebook_fn(rank, world_size):
+    t = torch.tensor([scaled(rank + 1.0)])
+    dist.all_reduce(t)
+    square = make_power(Settings().power)
+    return t.item(), TinyNet()(torch.ones(3)).item(), factorial(4), square(rank)
+'''
+
+
+def notebook_module():
+    """Execute NOTEBOOK_CELL in a fresh module named __main__, as a Jupyter kernel would."""
+    module = types.ModuleType("__main__")
+    exec(NOTEBOOK_CELL, module.__dict__)
+    return module
+
+
+def new_children(before: set) -> list:
+    """Processes started by this test process since `before` that are still alive."""
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        if p.pid not in before:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+    return alive
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fails the test if the launcher left a process behind."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = new_children(before)
+    assert not left, f"processes left behind: {[(p.pid, p.cmdline()[:4]) for p in left]}"
+
+
+def _report(rank, world_size, offset, *, scale=1):
+    print(f"hello from rank {rank}")
+    t = torch.tensor([float(rank + offset) * scale])
+    dist.all_reduce(t)
+    env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                      "MASTER_PORT")}
+    return rank, world_size, env, dist.get_backend(), t.item()
+
+
+def test_ranks_return_in_order_and_notebook_functions_travel(capsys, no_leftovers):
+    # Two launches at once (one in a thread): each must get its own port, and the notebook's
+    # function must run although it lives in a __main__ the ranks never imported.
+    notebook = notebook_module()
+    assert notebook.notebook_fn.__module__ == "__main__"
+    from_thread = {}
+
+    def launch_the_notebook_function():
+        try:
+            from_thread["values"] = run_on_ranks(notebook.notebook_fn, 2)
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            from_thread["error"] = error
+
+    thread = threading.Thread(target=launch_the_notebook_function)
+    thread.start()
+    values = run_on_ranks(_report, 2, 1, scale=10)
+    thread.join()
+
+    assert [v[0] for v in values] == [0, 1] and {v[1] for v in values} == {2}
+    assert {v[3] for v in values} == {"gloo"}
+    assert [v[4] for v in values] == [30.0, 30.0], "(0+1)*10 + (1+1)*10 on both ranks"
+    for rank, (_, _, env, _, _) in enumerate(values):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
+    assert "error" not in from_thread, f"the notebook function failed: {from_thread.get('error')}"
+    # (10 + 20), 2*3 from TinyNet, 4!, rank**2
+    assert from_thread["values"] == [(30.0, 6.0, 24, 0), (30.0, 6.0, 24, 1)]
+
+
+def _raise_on_rank_1(rank, world_size, marker):
+    if rank == 1:
+        while not os.path.exists(marker):  # let rank 0 reach its barrier first
+            time.sleep(0.01)
+        time.sleep(0.3)
+        raise ValueError("rank 1 has a bad shard")
+    open(marker, "w").close()
+    dist.barrier()  # rank 0 waits here for a rank that will never come
+
+
+def test_an_exception_comes_back_with_its_rank_and_traceback(tmp_path, no_leftovers):
+    with pytest.raises(RankError) as caught:
+        run_on_ranks(_raise_on_rank_1, 2, str(tmp_path / "in-barrier"), timeout_s=60)
+    error = caught.value
+    assert error.rank == 1 and error.exc_type == "ValueError"
+    assert isinstance(error.exception, ValueError)
+    assert "raise ValueError(\"rank 1 has a bad shard\")" in error.traceback
+    assert "_raise_on_rank_1" in error.traceback
+    message = str(error)
+    assert message.startswith("rank 1 raised ValueError: rank 1 has a bad shard")
+    assert "rank 0 was stopped while waiting in barrier" in message
+
+
+def _exit_abruptly(rank, world_size):
+    if rank == 1:
+        print("about to vanish", flush=True)
+        os._exit(7)
+    time.sleep(60)
+
+
+def test_a_rank_that_dies_is_reported_with_its_last_output(no_leftovers):
+    with pytest.raises(RankError) as caught:
+        run_on_ranks(_exit_abruptly, 2, timeout_s=60)
+    assert caught.value.rank == 1
+    assert "exited with code 7" in str(caught.value)
+    assert "about to vanish" in str(caught.value)
+
+
+def _deadlock(rank, world_size):
+    if rank == 0:
+        dist.all_reduce(torch.ones(4))  # rank 1 never calls it
+    return rank
+
+
+def test_a_deadlock_is_cut_by_the_timeout_and_says_where(no_leftovers):
+    with pytest.raises(LaunchTimeout) as caught:
+        run_on_ranks(_deadlock, 2, timeout_s=2)
+    error = caught.value
+    assert list(error.waiting) == [0], "only rank 0 was still running"
+    assert "all_reduce" in error.waiting[0]
+    assert "test_distributed_launch.py" in error.waiting[0], "the call site is named"
+    message = str(error)
+    assert "rank 0: waiting in all_reduce" in message and "Finished: rank 1" in message
+    assert "_deadlock" in error.stacks[0], "rank 0's stack, captured before it was killed"
+
+
+def _fail_start_once(marker, rank, world_size):
+    """A start-up failure (before any user code) the first time only, on rank 1."""
+    if rank == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise ConnectionError("rendezvous refused (injected)")
+
+
+def _fail_start_always(rank, world_size):
+    if rank == 1:
+        raise ConnectionError("rendezvous refused (injected)")
+
+
+def test_a_start_up_failure_is_retried_once(tmp_path, capsys, no_leftovers):
+    hook = functools.partial(_fail_start_once, str(tmp_path / "failed-once"))
+    values = Launcher(2, before_init=hook).run(_report, 0)
+    assert [v[4] for v in values] == [1.0, 1.0]
+    err = capsys.readouterr().err
+    assert "the process group failed to start" in err and "retrying" in err
+    assert "ConnectionError: rendezvous refused (injected)" in err
+
+
+def test_a_persistent_start_up_failure_says_so(no_leftovers):
+    with pytest.raises(ProcessGroupStartError) as caught:
+        Launcher(2, before_init=_fail_start_always, start_retries=0).run(_report, 0)
+    assert caught.value.rank == 1 and not caught.value.user_code_ran
+    assert str(caught.value).startswith("the process group failed to start: rank 1 raised "
+                                        "ConnectionError: rendezvous refused (injected)")
+
+
+def test_an_unpicklable_global_is_named():
+    lock = threading.Lock()
+    namespace = {"lock": lock}
+    exec("def uses_lock(rank, world_size):\n    with lock:\n        return rank", namespace)
+    with pytest.raises(pickle.PicklingError, match="uses the global `lock`"):
+        _pickle.dumps(namespace["uses_lock"])
+
+
+def test_notebook_functions_round_trip_by_value():
+    notebook = notebook_module()
+    fn = _pickle.loads(_pickle.dumps(notebook.notebook_fn))
+    assert fn is not notebook.notebook_fn and fn.__globals__ is not notebook.__dict__
+    factorial = fn.__globals__["factorial"]
+    assert factorial(5) == 120, "a recursive function finds itself in the rebuilt globals"
+    net = fn.__globals__["TinyNet"]()
+    assert net(torch.ones(3)).item() == 6.0, "a class with super() is rebuilt with its methods"
+    assert _pickle.loads(_pickle.dumps(_report)) is _report, "importable: by reference"
+
+
+NOTEBOOK_CELLS = [
+    "import gpulab\nfrom gpulab.distributed import run_on_ranks\nimport torch.distributed as dist",
+    "import torch\n\ndef total(rank, world_size):\n    print('in the cell function')\n"
+    "    t = torch.tensor([rank + 1.0])\n    dist.all_reduce(t)\n    return t.item()",
+    "print(run_on_ranks(total, 2))",
+]
+
+
+@pytest.mark.slow
+def test_a_function_defined_in_a_real_notebook_runs_on_ranks(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "".join(out.get("text", "") for out in nb.cells[2].outputs)
+    assert "[3.0, 3.0]" in text, text
+    assert "[rank 0] in the cell function" in text and "[rank 1] in the cell function" in text
+
+
+LAUNCH_AND_WAIT = """
+import sys, time
+import gpulab
+from gpulab.distributed import run_on_ranks
+
+def wait_forever(rank, world_size, folder):
+    import os
+    open(os.path.join(folder, f"rank{rank}.pid"), "w").write(str(os.getpid()))
+    time.sleep(600)
+
+run_on_ranks(wait_forever, 2, sys.argv[1], timeout_s=600)
+"""
+
+
+@pytest.mark.slow
+def test_ranks_die_with_the_kernel_that_launched_them(tmp_path):
+    # The "kernel" is a Python process running run_on_ranks; it is SIGKILLed (no cleanup code
+    # runs), and its ranks must not survive it.
+    # TMPDIR: the launch folder the killed kernel cannot remove lands in tmp_path.
+    kernel = subprocess.Popen([sys.executable, "-c", LAUNCH_AND_WAIT, str(tmp_path)],
+                              env=dict(os.environ, TMPDIR=str(tmp_path)))
+    pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
+    deadline = time.monotonic() + 90
+    while not all(f.exists() and f.read_text() for f in pid_files):
+        assert time.monotonic() < deadline and kernel.poll() is None, "the ranks never started"
+        time.sleep(0.1)
+    ranks = [int(f.read_text()) for f in pid_files]
+    kernel.send_signal(signal.SIGKILL)
+    kernel.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in ranks), "a rank outlived its launcher"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+TORCHRUN_FAILS_ON_RANK_1 = """
+import sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"rank {rank} of {dist.get_world_size()} sum {t.item():g} args {sys.argv[1:]}")
+if rank == 1:
+    raise RuntimeError("rank 1 fails after the all_reduce")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_reports_output_and_the_failing_rank(no_leftovers):
+    # Two "nodes" of one rank each on this machine: two torchrun agents, one c10d rendezvous.
+    result = torchrun_script(TORCHRUN_FAILS_ON_RANK_1, nproc_per_node=1, nnodes=2,
+                             args=["--lr", "0.1"], echo=False)
+    assert not result.ok and result.returncode != 0
+    assert "[rank 0] rank 0 of 2 sum 2 args ['--lr', '0.1']" in result.stdout
+    assert "[rank 1] rank 1 of 2 sum 2" in result.stdout
+    assert result.failed_rank == 1
+    assert "RuntimeError: rank 1 fails after the all_reduce" in result.error
+    assert 'raise RuntimeError("rank 1 fails after the all_reduce")' in result.error
+
+
+TORCHRUN_HANGS = """
+import time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    dist.all_reduce(torch.ones(1))
+else:
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_hang_is_cut_by_the_timeout(no_leftovers):
+    with pytest.raises(LaunchTimeout) as caught:
+        torchrun_script(textwrap.dedent(TORCHRUN_HANGS), nproc_per_node=2, timeout_s=6,
+                        echo=False, name="hang.py")
+    error = caught.value
+    assert "all_reduce (called at " in error.waiting[0] and "hang.py:6" in error.waiting[0]
+    assert "rank 1: running" in str(error)
+    assert "hang.py" in error.stacks[1], "rank 1's stack shows where it sleeps"
