@@ -7,6 +7,7 @@ came out against what was expected, and the likely cause.
 
 common.py   shared by every lab: "is this the learner's own code", launching, reading results
 lab1.py     Lab 1, CUDA kernels
+lab2.py     Lab 2, from CPU to GPU training with AMP
 """
 
 from gpulab.checks.lab1 import (
@@ -20,15 +21,27 @@ from gpulab.checks.lab1 import (
     check_transpose,
     check_waves,
 )
+from gpulab.checks.lab2 import (
+    check_accumulate_gradients,
+    check_amp_step,
+    check_memorize,
+    check_resume,
+    check_to_device,
+)
 
 __all__ = [
+    "check_accumulate_gradients",
+    "check_amp_step",
     "check_block_sum",
     "check_block_sum_races",
     "check_histogram",
     "check_histogram_races",
     "check_matmul_tiled",
     "check_matmul_tiled_races",
+    "check_memorize",
+    "check_resume",
     "check_saxpy",
+    "check_to_device",
     "check_transpose",
     "check_waves",
 ]
