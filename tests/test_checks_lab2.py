@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpulab.checks import lab2
+from gpulab.checks import lab2, lab2_resume, training
 from gpulab.train import cross_entropy
 
 pytestmark = pytest.mark.lab2
@@ -363,47 +363,47 @@ def make_restore(optimizer=True, step_offset=0):
 
 
 def test_resume_passes_a_correct_pair():
-    lab2.check_resume(make_snapshot(), make_restore())
-    lab2.check_resume(make_snapshot(), make_restore(), steps_before=0, steps_after=2, seed=5)
+    lab2_resume.check_resume(make_snapshot(), make_restore())
+    lab2_resume.check_resume(make_snapshot(), make_restore(), steps_before=0, steps_after=2, seed=5)
 
 
 def test_resume_leaves_the_notebooks_random_state_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    lab2.check_resume(make_snapshot(), make_restore())
+    lab2_resume.check_resume(make_snapshot(), make_restore())
     assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_resume_catches_a_forgotten_optimizer_state():
     message = r"the optimizer's state was not restored\. AdamW keeps.*optimizer\.state_dict\(\)"
     with pytest.raises(AssertionError, match=message):
-        lab2.check_resume(make_snapshot(), make_restore(optimizer=False))
+        lab2_resume.check_resume(make_snapshot(), make_restore(optimizer=False))
     with pytest.raises(AssertionError, match=message):
-        lab2.check_resume(make_snapshot(optimizer=False), make_restore())
+        lab2_resume.check_resume(make_snapshot(optimizer=False), make_restore())
 
 
 def test_resume_catches_a_snapshot_that_holds_references():
     with pytest.raises(AssertionError, match=r"the weights are those from the end of the run.*"
                                              r"copy\.deepcopy\(model\.state_dict\(\)\)"):
-        lab2.check_resume(make_snapshot(copied=False), make_restore())
+        lab2_resume.check_resume(make_snapshot(copied=False), make_restore())
 
 
 def test_resume_catches_a_forgotten_scaler_and_random_state():
     with pytest.raises(AssertionError, match=r"the GradScaler was not restored: scale 1024\.0, "
                                              r"growth tracker 0; at the snapshot they were "
                                              r"2048\.0 and 1"):
-        lab2.check_resume(make_snapshot(scaler=False), make_restore())
+        lab2_resume.check_resume(make_snapshot(scaler=False), make_restore())
     with pytest.raises(AssertionError, match=r"torch's random state was not restored\. Dropout "
                                              r"masks and the order of the batches"):
-        lab2.check_resume(make_snapshot(rng=False), make_restore())
+        lab2_resume.check_resume(make_snapshot(rng=False), make_restore())
 
 
 def test_resume_catches_a_wrong_step_and_an_unsafe_snapshot():
     with pytest.raises(AssertionError, match=r"restore \(.*\) returned 4, expected 3"):
-        lab2.check_resume(make_snapshot(), make_restore(step_offset=1))
+        lab2_resume.check_resume(make_snapshot(), make_restore(step_offset=1))
     with pytest.raises(AssertionError, match=r"weights_only=True\) refused it \(.*Unsupported "
                                              r"global.*numpy.*Keep only tensors"):
-        lab2.check_resume(make_snapshot(numpy_state=True), make_restore())
+        lab2_resume.check_resume(make_snapshot(numpy_state=True), make_restore())
 
 
 # ----------------------------------------------------------------------------- Part 5
@@ -428,25 +428,25 @@ def make_memorize(pair="same", returns="floats", train_copy=False):
 
 
 def test_memorize_passes_a_correct_function():
-    lab2.check_memorize(make_memorize())
-    lab2.check_memorize(make_memorize(), grad_scaler=True, seed=2)
+    lab2_resume.check_memorize(make_memorize())
+    lab2_resume.check_memorize(make_memorize(), grad_scaler=True, seed=2)
 
 
 def test_memorize_catches_x_and_y_drifting_apart():
     with pytest.raises(AssertionError, match=r"memorization test fails.*x and y no longer "
                                              r"paired"):
-        lab2.check_memorize(make_memorize(pair="shuffled_x"))
+        lab2_resume.check_memorize(make_memorize(pair="shuffled_x"))
 
 
 def test_memorize_catches_tensors_returned_and_a_copy_trained():
     with pytest.raises(AssertionError, match=r"returned a list of Tensor; return Python floats"):
-        lab2.check_memorize(make_memorize(returns="tensors"))
+        lab2_resume.check_memorize(make_memorize(returns="tensors"))
     with pytest.raises(AssertionError, match=r"another model learned: train the model passed "
                                              r"in, not a copy"):
-        lab2.check_memorize(make_memorize(train_copy=True))
+        lab2_resume.check_memorize(make_memorize(train_copy=True))
 
 
 def test_the_checkers_never_run_fp16_on_the_cpu():
-    for recipe in (lab2.BF16, lab2.BF16_SCALED):
+    for recipe in (training.BF16, training.BF16_SCALED):
         assert recipe.device_type == "cpu" and recipe.dtype == torch.bfloat16
-    assert math.log2(lab2.SCALE).is_integer()
+    assert math.log2(training.SCALE).is_integer()

@@ -7,7 +7,8 @@ came out against what was expected, and the likely cause.
 
 common.py   shared by every lab: "is this the learner's own code", launching, reading results
 lab1.py     Lab 1, CUDA kernels
-lab2.py     Lab 2, from CPU to GPU training with AMP
+training.py shared by the training labs: tiny problems, one-thread runs, bf16 tolerances
+lab2.py     Lab 2, from CPU to GPU training with AMP (Parts 1-3; lab2_resume.py: Parts 4-5)
 """
 
 from gpulab.checks.lab1 import (
@@ -21,13 +22,8 @@ from gpulab.checks.lab1 import (
     check_transpose,
     check_waves,
 )
-from gpulab.checks.lab2 import (
-    check_accumulate_gradients,
-    check_amp_step,
-    check_memorize,
-    check_resume,
-    check_to_device,
-)
+from gpulab.checks.lab2 import check_accumulate_gradients, check_amp_step, check_to_device
+from gpulab.checks.lab2_resume import check_memorize, check_resume
 
 __all__ = [
     "check_accumulate_gradients",
