@@ -1,0 +1,92 @@
+"""Lab 1 as a new learner meets it: the released notebook, Part 1 filled in, every cell run.
+
+The setup cell and every worked example run as they are, Part 1's visible test passes, and each
+part still left as a stub fails its test with a message that says what to do, not a grader
+error. Run on the cpu runner (the simulator), where a stub's NotImplementedError reaches the
+checker; the kernel runs in a folder of its own, as a learner's copy of the notebook would.
+"""
+
+import os
+
+import pytest
+from lab1_submissions import cell_by_grade_id, grade_id, released
+from nbclient import NotebookClient
+
+from autograder.profiles import get_profile
+
+pytestmark = pytest.mark.lab1
+
+STUB = "    # YOUR CODE HERE\n    raise NotImplementedError()"
+# A learner's own saxpy, written from the spec (not the solution's text).
+MY_SAXPY = """\
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = a * x[i] + y[i]"""
+STUB_HINT = "Replace `raise NotImplementedError()` with your kernel's code."
+STILL_STUBS = ("test_transpose", "test_block_sum", "test_matmul_tiled", "test_histogram")
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    nb = released()
+    saxpy = cell_by_grade_id(nb, "saxpy")
+    assert saxpy.source.count(STUB) == 1, "the released saxpy stub changed"
+    saxpy.source = saxpy.source.replace(STUB, MY_SAXPY)
+    folder = tmp_path_factory.mktemp("learner")
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(folder)}})
+    # The cpu runner's kernel environment, whatever machine runs this test.
+    client.execute(env=get_profile("cpu").kernel_env(os.environ))
+    return nb
+
+
+def errors(cell) -> list:
+    return [out for out in cell.get("outputs", []) if out.output_type == "error"]
+
+
+def stdout(cell) -> str:
+    return "".join(out.text for out in cell.outputs
+                   if out.output_type == "stream" and out.name == "stdout")
+
+
+def test_the_setup_cell_picks_the_simulator(executed):
+    cell = cell_by_grade_id(executed, "imports")
+    assert not errors(cell)
+    assert "cpu runner; Numba's CUDA simulator" in stdout(cell)
+
+
+def test_part_1_passes_its_visible_test(executed):
+    cell = cell_by_grade_id(executed, "test_saxpy")
+    assert cell.execution_count is not None, "the test cell did not run"
+    assert not errors(cell), errors(cell)[0].evalue if errors(cell) else ""
+
+
+def test_the_learners_own_try_it_cell_shows_the_right_numbers(executed):
+    (cell,) = [c for c in executed.cells if c.cell_type == "code"
+               and "saxpy[1, 4]" in c.source and grade_id(c) is None]
+    assert not errors(cell)
+    printed = [float(v) for v in stdout(cell).strip().strip("[]").split()]
+    assert printed == [2.0 * v + 1.0 for v in range(10)]
+
+
+@pytest.mark.parametrize("test_id", STILL_STUBS)
+def test_an_unfinished_part_fails_with_the_stub_hint(executed, test_id):
+    (error,) = errors(cell_by_grade_id(executed, test_id))
+    assert error.ename == "AssertionError"
+    assert "raised NotImplementedError" in error.evalue
+    assert STUB_HINT in error.evalue
+
+
+def test_the_unanswered_question_fails_in_its_own_cell(executed):
+    (answer,) = errors(cell_by_grade_id(executed, "waves"))
+    assert answer.ename == "NotImplementedError"
+    (test,) = errors(cell_by_grade_id(executed, "test_waves"))
+    assert test.ename == "AssertionError"
+    assert "n_waves should be a number" in test.evalue and "None" in test.evalue
+
+
+def test_only_the_unfinished_parts_fail(executed):
+    """Every worked example runs as it is; nothing but the stubs and their tests raises."""
+    failed = {grade_id(c) or c.get("id") for c in executed.cells
+              if c.cell_type == "code" and errors(c)}
+    assert failed == {*STILL_STUBS, "waves", "test_waves"}
+    assert all(c.execution_count is not None for c in executed.cells if c.cell_type == "code")
