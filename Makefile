@@ -22,7 +22,13 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install lab test lint bench doctor clean
+# Grading (README, "Instructors"): make release LAB=...; make grade LAB=... SUBMISSIONS=...
+LAB ?=
+SUBMISSIONS ?=
+RUNNER ?= cpu
+JOBS ?= 1
+
+.PHONY: install grader-tools lab test lint bench doctor release grade clean
 
 install: $(STAMP)
 
@@ -31,13 +37,25 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIN) $(PIP_INDEX) -e '.[course]'
 	@touch $@
 
+# The grading sandbox needs bubblewrap; install it where we can (root with apt), else say so.
+grader-tools: install
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; \
+	  else \
+	    echo "warning: bubblewrap (bwrap) is missing: grading runs without its sandbox." \
+	         "Install it with: sudo apt-get install bubblewrap"; \
+	  fi; }
+	@$(PY) -m autograder.sandbox >/dev/null || $(PY) -m autograder.sandbox | sed 's/^/warning: /'
+
 lab: install
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" \
 	  --LabApp.default_url=/lab/tree/lessons $(ALLOW_ROOT) $(JUPYTER_ARGS)
 
 # Unit and end-to-end tests, and every lesson re-executed against its committed outputs.
 # nbval needs --dist loadfile: a notebook's cells must stay together on one worker.
-test: install
+test: install grader-tools
 	$(PY) -m pytest -n 2 --dist loadfile tests lessons \
 	  --nbval --nbval-sanitize-with lessons/nbval_sanitize.cfg $(PYTEST_ARGS)
 
@@ -49,6 +67,14 @@ bench: install
 
 doctor: install
 	$(PY) -m gpulab doctor
+
+release: install
+	@test -n "$(LAB)" || { echo "usage: make release LAB=lab1_cuda_kernels"; exit 2; }
+	$(PY) -m autograder release $(LAB)
+
+grade: install grader-tools
+	@test -n "$(LAB)" || { echo "usage: make grade LAB=lab1_cuda_kernels SUBMISSIONS=dir"; exit 2; }
+	$(PY) -m autograder grade $(LAB) $(SUBMISSIONS) --runner $(RUNNER) --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

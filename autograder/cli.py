@@ -2,26 +2,50 @@
 
     python -m autograder release LAB [--check]
     python -m autograder grade LAB [SUBMISSIONS] [--runner cpu|gpu] [--student S]
+                               [--jobs N] [--shard I/N] [--regrade] [--no-sandbox]
     python -m autograder feedback LAB [--student S]
     python -m autograder export [--output grades.csv]
+    python -m autograder merge GRADING_ROOT... --into DIR
 
-Every command takes --root (the repository: solutions/ and labs/; default this one) and
---course-dir (the nbgrader grading root; default ROOT/.grading).
+Every command but merge takes --root (the repository: solutions/ and labs/; default this one)
+and --course-dir (the nbgrader grading root; default ROOT/.grading).
+
+`grade` can be stopped at any time (Ctrl-C, or killed): running the same command again
+finishes the batch, skipping what was already graded. `--shard i/n` on n runners, then `merge`
+of their grading roots, grades a class on several machines.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from autograder.course import Course, CourseError, check_lab_name
 from autograder.profiles import PROFILES, ProfileError, get_profile
+from autograder.shards import Shard
+
+INTERRUPTED = 130  # the shell's exit status for a command stopped by Ctrl-C
 
 
 def lab_name(text: str) -> str:
     """A lab by name or by folder: `lab1_cuda_kernels`, `solutions/lab1_cuda_kernels/`."""
     return check_lab_name(Path(text.rstrip("/")).name)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except CourseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +90,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="grade only this student (repeatable)",
     )
+    grade.add_argument(
+        "--jobs",
+        "-j",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="grade N submissions at a time, one worker process each (default 1); about one "
+        "per CPU core on the cpu runner",
+    )
+    grade.add_argument(
+        "--shard",
+        type=shard,
+        metavar="I/N",
+        help="grade only shard I of N (1 <= I <= N), chosen by a stable hash of the student "
+        "id: run the N shards on N machines, each into its own --course-dir, then `merge`",
+    )
+    grade.add_argument(
+        "--regrade",
+        action="store_true",
+        help="grade again submissions already graded; by default a submission whose notebooks, "
+        "lab source and runner profile are unchanged since it was recorded keeps its grade",
+    )
+    grade.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run learners' code without the sandbox (autograder/sandbox.py): as this user, "
+        "seeing the solutions, the gradebook and the network, with no resource limits. Only "
+        "for code you trust",
+    )
 
     feedback = sub.add_parser("feedback", parents=[common], help="HTML feedback for LAB")
     feedback.add_argument("lab", type=lab_name)
@@ -73,6 +126,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", parents=[common], help="grades CSV, one row per student/lab")
     export.add_argument("--output", type=Path, default=Path("grades.csv"))
+
+    merge = sub.add_parser(
+        "merge",
+        help="merge grading roots (shards) into one",
+        description="Merge the grading roots of shards (`grade --shard i/n --course-dir ...`) "
+        "into one new grading root, for `feedback` and `export --course-dir DIR`. A submission "
+        "graded in several roots must have the same grades in each (the first root named "
+        "wins); otherwise nothing is merged.",
+    )
+    merge.add_argument(
+        "roots",
+        nargs="+",
+        type=Path,
+        metavar="GRADING_ROOT",
+        help="a grading root to merge: each shard's --course-dir",
+    )
+    merge.add_argument(
+        "--into",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the merged grading root: a new or empty folder",
+    )
     return parser
 
 
@@ -82,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except CourseError as exc:  # a bad LAB name, raised while parsing
         parser.error(str(exc))
-    course = Course.at(args.root, args.course_dir)
+    course = Course.at(getattr(args, "root", None), getattr(args, "course_dir", None))
     try:
         return COMMANDS[args.command](course, args)
     except (CourseError, ProfileError, FileNotFoundError) as exc:
@@ -104,9 +180,30 @@ def _release(course: Course, args) -> int:
 
 def _grade(course: Course, args) -> int:
     from autograder.grade import grade
+    from autograder.sandbox import confinement
 
     profile = get_profile(args.runner)
-    results = grade(course, args.lab, args.submissions, profile, args.students)
+    if args.no_sandbox:
+        profile = replace(profile, sandboxed=False)
+    for weakness in confinement().weaknesses(profile.sandbox_settings()):
+        print(f"WARNING, weaker sandbox: {weakness}", file=sys.stderr)
+    try:
+        results = grade(
+            course,
+            args.lab,
+            args.submissions,
+            profile,
+            args.students,
+            jobs=args.jobs,
+            shard=args.shard,
+            regrade=args.regrade,
+        )
+    except KeyboardInterrupt:
+        print(
+            "interrupted: what was graded is recorded; run the same command again to finish",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
     failed = [r.student_id for r in results if not r.ok]
     if failed:
         print(
@@ -132,4 +229,19 @@ def _export(course: Course, args) -> int:
     return 0
 
 
-COMMANDS = {"release": _release, "grade": _grade, "feedback": _feedback, "export": _export}
+def _merge(course: Course, args) -> int:
+    from autograder.shards import merge
+
+    merged = merge(args.roots, args.into)
+    students = {student_id for _, student_id in merged}
+    print(f"merged {len(merged)} graded submissions of {len(students)} students into {args.into}")
+    return 0
+
+
+COMMANDS = {
+    "release": _release,
+    "grade": _grade,
+    "feedback": _feedback,
+    "export": _export,
+    "merge": _merge,
+}

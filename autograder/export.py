@@ -2,8 +2,11 @@
 
 Columns: student_id, lab, score, max_score, needs_manual_grade, flags. `score` counts manual
 scores where a person gave one (nbgrader's rule). `flags` is a ';'-separated list of notes
-about a submission that a person should look at; the grading pipeline does not raise any yet,
-and the column is here so that spreadsheets built on this file keep working when it does.
+about a submission that a person should look at: the grading result's flags (an integrity
+check that failed, say), from the submission's record (autograder/gradebook.py), and
+NOT_RECORDED where the gradebook has a row that no record completes.
+
+A grading root merged from shards (autograder/shards.py) exports like any other.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autograder.course import COURSE_ID, Course, prepare_nbgrader
+from autograder.gradebook import records
 
 COLUMNS = ("student_id", "lab", "score", "max_score", "needs_manual_grade", "flags")
+NOT_RECORDED = "not fully recorded: run the same grade command again to finish it"
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class Row:
     score: float
     max_score: float
     needs_manual_grade: bool  # some cell still waits for a person
-    flags: tuple[str, ...] = ()  # notes for a person (none raised yet)
+    flags: tuple[str, ...] = ()  # notes for a person: GradeResult.flags, NOT_RECORDED
 
     def as_csv(self) -> list[str]:
         return [
@@ -47,10 +52,12 @@ def rows(course: Course) -> list[Row]:
     if not (course.grading / "gradebook.db").is_file():
         return []
     prepare_nbgrader()
+    recorded = records(course.grading)
     found = []
     with Gradebook(course.gradebook_url, COURSE_ID) as gradebook:
         for assignment in gradebook.assignments:
             for submission in assignment.submissions:
+                key = (assignment.name, submission.student.id)
                 found.append(
                     Row(
                         student_id=submission.student.id,
@@ -58,6 +65,7 @@ def rows(course: Course) -> list[Row]:
                         score=float(submission.score),
                         max_score=float(submission.max_score),
                         needs_manual_grade=bool(submission.needs_manual_grade),
+                        flags=recorded[key].flags if key in recorded else (NOT_RECORDED,),
                     )
                 )
     return sorted(found, key=lambda row: (row.lab, row.student_id))

@@ -3,9 +3,13 @@
     cpu   Numba's CUDA simulator; a simulated kernel costs seconds, so cells get 180 s
     gpu   a real NVIDIA GPU; 60 s per cell is generous, and a GPU-less machine is refused at once
 
-The profile only sets the grading kernel's environment and time limits. The kernel's own
-`import gpulab` reads GPULAB_RUNNER and turns the simulator on or off (gpulab/env.py), exactly
-as in a learner's notebook, so a lab is graded by the same code path it was written against.
+The profile sets the grading kernel's environment, its time limits and the sandbox's resource
+limits (autograder/sandbox.py). The kernel's own `import gpulab` reads GPULAB_RUNNER and turns the
+simulator on or off (gpulab/env.py), exactly as in a learner's notebook, so a lab is graded by the
+same code path it was written against.
+
+Limits are per kernel process (rlimits), sized for what a lab needs plus room: Lab 1's kernel
+peaks near 300 MB of data and 2 GB of address space on the simulator.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from autograder.sandbox import GIB, SandboxSettings
 
 
 class ProfileError(RuntimeError):
@@ -28,6 +34,29 @@ class RunnerProfile:
     submission_timeout_s: int  # the whole submission, kernel start to last cell, a backstop
     needs_gpu: bool  # refuse to start without an NVIDIA GPU
     env: Mapping[str, str] = field(default_factory=dict)  # set in the grading kernel
+    # The sandbox (autograder/sandbox.py, where each limit is explained): per kernel process.
+    sandboxed: bool = True  # False only by `grade --no-sandbox`, for code the instructor trusts
+    cpu_time_s: int = SandboxSettings.cpu_time_s
+    memory_bytes: int = SandboxSettings.memory_bytes
+    address_space_bytes: int = SandboxSettings.address_space_bytes
+    max_processes: int = SandboxSettings.max_processes
+    max_file_bytes: int = SandboxSettings.max_file_bytes
+    tmp_bytes: int = SandboxSettings.tmp_bytes
+    thread_stack_bytes: int = SandboxSettings.thread_stack_bytes
+
+    def sandbox_settings(self) -> SandboxSettings:
+        """What the grading kernel's sandbox enforces on this profile."""
+        return SandboxSettings(
+            enabled=self.sandboxed,
+            gpu=self.needs_gpu,
+            cpu_time_s=self.cpu_time_s,
+            memory_bytes=self.memory_bytes,
+            address_space_bytes=self.address_space_bytes,
+            max_processes=self.max_processes,
+            max_file_bytes=self.max_file_bytes,
+            tmp_bytes=self.tmp_bytes,
+            thread_stack_bytes=self.thread_stack_bytes,
+        )
 
     def kernel_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The grading kernel's environment: `base` with this profile's variables on top."""
@@ -74,6 +103,9 @@ PROFILES: Mapping[str, RunnerProfile] = _frozen(
             submission_timeout_s=1800,
             needs_gpu=True,
             env=_frozen({**_COMMON, "GPULAB_RUNNER": "gpu"}),
+            cpu_time_s=1800,
+            memory_bytes=16 * GIB,  # pinned buffers and data loaders live in host memory
+            address_space_bytes=0,  # the CUDA driver maps the GPU into the address space
         ),
     }
 )

@@ -74,14 +74,37 @@ EXERCISED = {
     "make doctor": "test_make_targets_are_defined",
     "make bench": "test_bench_runs_quick",
     "make lint": "test_lint_is_clean",
+    # The instructors' commands, run end to end by the autograder and lab grading tests.
+    "python -m autograder release": "tests/test_autograder_release.py",
+    "python -m autograder grade": "tests/test_lab1_grading.py, tests/test_autograder_parallel.py",
+    "python -m autograder feedback": "tests/test_lab1_grading.py",
+    "python -m autograder export": "tests/test_lab1_grading.py, tests/test_autograder_shards.py",
+    "python -m autograder merge": "tests/test_autograder_shards.py",
 }
+AUTOGRADER = "python -m autograder "
+
+
+def exercised_by(command: str) -> str | None:
+    if command.startswith(AUTOGRADER):
+        return EXERCISED.get(" ".join(command.split()[:4]))
+    return EXERCISED.get(command)
 
 
 def test_every_readme_command_is_exercised():
     commands = readme_commands()
     assert "make lab" in commands and "make test" in commands
-    missing = [c for c in commands if c not in EXERCISED]
+    missing = [c for c in commands if exercised_by(c) is None]
     assert not missing, f"README shows commands no test exercises: {missing}"
+
+
+def test_readme_autograder_commands_parse():
+    from autograder.cli import build_parser
+
+    parser = build_parser()
+    commands = [c for c in readme_commands() if c.startswith(AUTOGRADER)]
+    assert {c.split()[3] for c in commands} >= {"release", "grade", "feedback", "export", "merge"}
+    for command in commands:
+        parser.parse_args(command.split()[3:])  # SystemExit (a failed test) if the README is stale
 
 
 def test_make_test_runs_pytest():

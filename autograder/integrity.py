@@ -1,0 +1,337 @@
+"""The integrity guard: a snapshot of the test machinery taken in the grading kernel before any
+learner cell runs, and a check against it before and after every test cell.
+
+    grader (autograder/execute.py)                      grading kernel (this file, exec'd there)
+    install_expression(config)  -- user_expressions --> install(config): Guard, the snapshot
+    check_expression(token, names, phase) -----------> Guard.check: (token, findings)
+    read_answer(reply, token) -> findings, [] when nothing changed
+
+User expressions are evaluated by a plain `eval`, past every input and AST transformer; the
+expression reaches the guard through `object`'s subclasses, naming nothing a learner's cell
+could rebind, and the guard's code uses a copy of the builtins taken at install. The snapshot
+holds identities (compared with `is`) of:
+
+    builtins         every name: isinstance, len, abs, AssertionError, __import__, getattr...
+    checkers         sys.modules entries, functions, their __code__, classes and methods of
+                     gpulab.checks.*, gpulab.sim.*, numpy, numpy.testing (tests using gpulab)
+    IPython          the shell's parts and methods, the kernel's, the input and AST transformer
+                     lists, the event callbacks (pre_run_cell, pre_execute, ...)
+    hooks            sys.gettrace/getprofile, threading's trace and profile hooks, sys.stdout,
+                     sys.stderr, sys.excepthook, sys.displayhook, sys.modules
+    the lab's names  what the lab's locked cells define and the tests read (a checker written
+                     in the notebook), and the globals those functions use
+and a test cell's names must not shadow a builtin (`isinstance = lambda *a: True`). What IPython
+or matplotlib add themselves (`%matplotlib inline`) is allowed. After a test the guard drops
+what the kernel kept of it (linecache, the last traceback); the executor keeps tests out of
+IPython's history. The kernel also caps each cell's output, so that a flood never reaches the
+grader as one huge message.
+
+What it cannot catch: code in the kernel's process can defeat a guard living there with enough
+effort (edit objects in place with ctypes, replace the guard's methods and fake its answer,
+keep a test's frames or constants while a checker calls it, patch a module the snapshot does
+not list, such as numba). The guard turns tampering from a one-liner into deliberate work; the
+sandbox (autograder/sandbox.py) bounds what deliberate work can reach.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dis
+import linecache
+import os
+import sys
+import threading
+
+GUARD_FLAG = "_gpulab_integrity_guard_"
+FIND_GUARDS = (
+    "[c.instance for c in ().__class__.__base__.__subclasses__() "
+    f"if c.__dict__.get({GUARD_FLAG!r}) is True]"
+)
+MAX_FINDINGS = 12  # a mass patch would list hundreds of names; a dozen says enough
+LIBRARY_PACKAGES = ("IPython", "ipykernel", "matplotlib_inline", "ipywidgets", "matplotlib")
+SHELL_PARTS = (
+    "user_ns", "user_global_ns", "events", "input_transformer_manager", "compile", "displayhook",
+    "display_pub", "display_formatter", "history_manager", "kernel", "builtin_trap",
+    "display_trap", "custom_exceptions", "InteractiveTB", "SyntaxTB",
+)
+TRANSFORMER_LISTS = {
+    "input_transformers_cleanup": lambda shell: shell.input_transformer_manager.cleanup_transforms,
+    "input line transformers": lambda shell: shell.input_transformer_manager.line_transforms,
+    "input token transformers": lambda shell: shell.input_transformer_manager.token_transformers,
+    "input_transformers_post": lambda shell: shell.input_transformers_post,
+    "ast_transformers": lambda shell: shell.ast_transformers,
+}
+SYS_PARTS = ("stdout", "stderr", "excepthook", "displayhook", "modules")
+METHOD_KINDS = (type(lambda: 0), staticmethod, classmethod, property)
+MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
+
+
+# ----------------------------------------------------------------------------- in the kernel
+
+
+class Guard:
+    """The snapshot and the check: one per grading kernel, found by FIND_GUARDS."""
+
+    _gpulab_integrity_guard_ = True
+    instance = None
+
+    def __init__(self, shell, config: dict):
+        self.shell = shell
+        self.builtins = dict(vars(builtins))
+        self.probes = []  # (what, read, value at install, same or None for `is`)
+        self.library_dirs = _library_dirs()
+        self.output_limit = int(config["output_limit"])
+        self.written = 0  # characters of output from the cell running now
+        self.linecache_mark = frozenset()
+        self._cap_output()  # first: the wrappers and their callback are part of the snapshot
+        live = vars(builtins)
+        for name in self.builtins:
+            self.watch(f"builtins.{name}", lambda n=name: live.get(n, MISSING))
+        self._watch_modules(config["watch"])
+        self._watch_ipython()
+        self.watch("sys.settrace hook", sys.gettrace)
+        self.watch("sys.setprofile hook", sys.getprofile)
+        for hook in ("_trace_hook", "_profile_hook"):
+            self.watch(f"threading.{hook}", lambda h=hook: getattr(threading, h, None))
+        for part in SYS_PARTS:
+            self.watch(f"sys.{part}", lambda p=part: getattr(sys, p))
+
+    def watch(self, what: str, read, same=None) -> None:
+        self.probes.append((what, read, _read(read), same))
+
+    def check(self, token: str, names=(), phase: str = "before") -> tuple:
+        """(token, findings): what changed since install, and builtins that `names` shadow."""
+        found = [what for what, read, want, same in self.probes
+                 if not (same(_read(read), want) if same else _read(read) is want)]
+        user_ns = self.shell.user_ns
+        found += [f"{name} (a builtin, redefined in the notebook)" for name in names
+                  if name in self.builtins and not name.startswith("__")
+                  and user_ns.get(name, self.builtins[name]) is not self.builtins[name]]
+        if phase == "after":
+            self._forget()
+        self.linecache_mark = frozenset(linecache.cache)
+        if len(found) > MAX_FINDINGS:
+            found = found[:MAX_FINDINGS] + [f"{len(found) - MAX_FINDINGS} more"]
+        return token, tuple(found)
+
+    def protect(self, names) -> int:
+        """Watch `names` of the notebook (set by a lab's own cell) and the globals they use."""
+        user_ns = self.shell.user_ns
+        for name in names:
+            value = user_ns.get(name, MISSING)
+            if value is MISSING:
+                continue
+            self.watch(f"{name} (set by the lab)", lambda n=name: user_ns.get(n, MISSING))
+            for used in sorted(_globals_used(value)):
+                if used in user_ns or used in self.builtins:  # absent now: a builtin's name
+                    self.watch(f"{used} (used by {name})",
+                               lambda u=used: user_ns.get(u, MISSING))
+        return len(self.probes)
+
+    # -- what the snapshot covers
+
+    def _watch_modules(self, patterns) -> None:
+        modules = sys.modules
+        for name, module in sorted(modules.items()):
+            if module is None or not any(_matches(name, p) for p in patterns):
+                continue
+            self.watch(f"sys.modules[{name!r}]", lambda n=name: modules.get(n))
+            self._watch_namespace(name, vars(module), name)
+
+    def _watch_namespace(self, prefix: str, namespace, module: str) -> None:
+        for key, value in list(namespace.items()):
+            if not (callable(value) or isinstance(value, METHOD_KINDS)):
+                continue
+            self.watch(f"{prefix}.{key}", lambda d=namespace, k=key: d.get(k, MISSING))
+            if hasattr(value, "__code__"):
+                self.watch(f"{prefix}.{key}.__code__", lambda f=value: f.__code__)
+            if isinstance(value, type) and value.__module__ == module and prefix == module:
+                self._watch_namespace(f"{prefix}.{key}", vars(value), module)
+
+    def _watch_ipython(self) -> None:
+        shell = self.shell
+        self.watch("IPython shell class", lambda: type(shell))
+        for part in SHELL_PARTS:
+            self.watch(f"IPython shell.{part}", lambda p=part: getattr(shell, p))
+        for what, get in TRANSFORMER_LISTS.items():
+            self.watch(what, lambda g=get: tuple(g(shell)), self._same_members)
+        callbacks = shell.events.callbacks
+        for event in list(callbacks):
+            self.watch(f"{event} callbacks", lambda e=event: tuple(callbacks.get(e, ())),
+                       self._same_members)
+        parts = ("shell", shell), ("kernel", shell.kernel), ("compiler", shell.compile), (
+            "input transformer manager", shell.input_transformer_manager), (
+            "display publisher", shell.display_pub), ("display hook", shell.displayhook)
+        for what, obj in parts:
+            methods = set()
+            for cls in type(obj).__mro__[:-1]:
+                methods.update(k for k, v in vars(cls).items() if isinstance(v, METHOD_KINDS))
+                self._watch_namespace(cls.__name__, vars(cls), cls.__module__)
+            # `shell.run_cell = fake` hides the class's method behind an instance attribute
+            self.watch(f"IPython {what} methods set on the instance",
+                       lambda o=obj, m=frozenset(methods): frozenset(m & set(vars(o))),
+                       lambda now, want: now == want)
+
+    def _same_members(self, now, want) -> bool:
+        """A list kept its members; anything added comes from IPython or a plotting library."""
+        if not isinstance(now, tuple):
+            return False
+        kept = all(any(x is y for x in now) for y in want)
+        return kept and all(any(x is y for y in want) or self._from_library(x) for x in now)
+
+    def _from_library(self, obj) -> bool:
+        try:
+            codes = _code_objects(obj)
+            files = [os.path.realpath(code.co_filename) for code in codes]
+        except Exception:  # a learner's object with odd attributes is not the library's
+            return False
+        return bool(files) and all(
+            any(f.startswith(d + os.sep) for d in self.library_dirs) for f in files)
+
+    # -- output caps and forgetting tests
+
+    def _cap_output(self) -> None:
+        """Drop a cell's output past output_limit characters, in the kernel: one flooding cell
+        would otherwise become a single message of hundreds of MB on the grader's side."""
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "session") and hasattr(stream, "write"):  # ipykernel's OutStream
+                stream.write = self._capped(stream.write, len)
+                self.watch("the output cap", lambda s=stream: vars(s).get("write", MISSING))
+        publisher = self.shell.display_pub
+        publisher.publish = self._capped(publisher.publish, _data_size)
+        self.shell.events.register("pre_execute", self._new_cell)
+
+    def _capped(self, send, size):
+        def capped(data, *args, **kwargs):
+            self.written += size(data)
+            if self.written <= self.output_limit:
+                return send(data, *args, **kwargs)
+            return len(data) if isinstance(data, str) else None
+
+        return capped
+
+    def _new_cell(self) -> None:
+        self.written = 0
+
+    def _forget(self) -> None:
+        """Drop what the kernel kept of the test cell that just ran."""
+        for key in [k for k in linecache.cache if k not in self.linecache_mark]:
+            linecache.cache.pop(key, None)
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
+        self.shell._last_traceback = None
+        if hasattr(self.shell.InteractiveTB, "tb"):
+            self.shell.InteractiveTB.tb = None
+
+
+def install(config: dict) -> tuple:
+    """Import what the tests use, take the snapshot; returns a first check (nothing changed)."""
+    import importlib
+
+    from IPython import get_ipython
+
+    for name in config["imports"]:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the test that imports it fails, and says why
+            pass
+    Guard.instance = Guard(get_ipython(), config)
+    return Guard.instance.check(config["token"])
+
+
+def _read(read):
+    try:
+        return read()
+    except Exception:
+        return MISSING
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if pattern.endswith(".*"):
+        return name == pattern[:-2] or name.startswith(pattern[:-1])
+    return name == pattern
+
+
+def _data_size(data) -> int:
+    return sum(len(v) for v in data.values() if isinstance(v, str)) if isinstance(data, dict) else 0
+
+
+def _library_dirs() -> list[str]:
+    from importlib.util import find_spec
+
+    dirs = []
+    for package in LIBRARY_PACKAGES:
+        spec = find_spec(package)
+        dirs += [os.path.realpath(d) for d in (spec and spec.submodule_search_locations) or ()]
+    return dirs
+
+
+def _code_objects(obj) -> list:
+    """The code behind a callable: a function's, a bound method's, a partial's, or the methods
+    of an object's own class (an ast.NodeTransformer, a callable instance)."""
+    fn = getattr(obj, "__func__", obj)
+    if hasattr(fn, "__code__"):
+        return [fn.__code__]
+    inner = getattr(obj, "func", None)
+    if inner is not None and inner is not obj:
+        return _code_objects(inner)
+    return [v.__code__ for v in vars(type(obj)).values() if hasattr(v, "__code__")]
+
+
+def _globals_used(value) -> set[str]:
+    """Global names a function (or a class's methods) reads, nested functions included."""
+    functions = [value] if hasattr(value, "__code__") else (
+        [v for v in vars(value).values() if hasattr(v, "__code__")]
+        if isinstance(value, type) else [])
+    codes, names = [f.__code__ for f in functions], set()
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if hasattr(c, "co_code")]
+        names.update(ins.argval for ins in dis.get_instructions(code)
+                     if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"))
+    return names
+
+
+# ----------------------------------------------------------------------------- in the grader
+
+
+def install_expression(config: dict) -> str:
+    """An expression that runs this file in the kernel and installs the guard."""
+    with open(__file__, encoding="utf-8") as f:
+        source = f.read()
+    # The guard's own builtins: a copy, so that a later patch of `len` does not reach its code.
+    namespace = "{'__name__': '_gpulab_guard', '__builtins__': dict(vars(__import__('builtins')))}"
+    return (f"[(lambda ns: (exec(compile({source!r}, '<gpulab integrity guard>', 'exec'), ns), "
+            f"ns['install']({config!r}))[1])({namespace})]")
+
+
+def check_expression(token: str, names=(), phase: str = "before") -> str:
+    return f"[g.check({token!r}, {tuple(names)!r}, {phase!r}) for g in {FIND_GUARDS}]"
+
+
+def protect_expression(names) -> str:
+    return f"[g.protect({tuple(names)!r}) for g in {FIND_GUARDS}]"
+
+
+def read_answer(content: dict | None, token: str, key: str = "guard") -> list[str]:
+    """The findings in an execute_reply's user_expressions; an odd answer is itself a finding."""
+    if content is None:
+        return ["the kernel did not answer the integrity check"]
+    if content.get("status") != "ok":  # the empty cell failed: an input transformer raised?
+        return [f"the integrity check could not run ({content.get('ename', 'error')})"]
+    answer = content.get("user_expressions", {}).get(key, {})
+    if answer.get("status") != "ok":
+        why = f"{answer.get('ename', '?')}: {str(answer.get('evalue', ''))[:200]}"
+        return [f"the integrity guard is missing or broken ({why})"]
+    try:
+        value = ast.literal_eval(answer["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError, SyntaxError, MemoryError, RecursionError):
+        return ["the integrity guard's answer is unreadable"]
+    genuine = (isinstance(value, list) and len(value) == 1 and isinstance(value[0], tuple)
+               and len(value[0]) == 2 and value[0][0] == token
+               and isinstance(value[0][1], tuple))
+    if not genuine:
+        return ["the integrity guard's answer is not genuine"]
+    return [str(finding) for finding in value[0][1]]

@@ -1,0 +1,217 @@
+"""The bank: hostile and broken submissions, as learners would write them, with their outcomes.
+
+Fixture lab: `mean` (test_mean, 2 points) and `running_max` (test_running_max, 3 points), with
+the lab's own checkers in a locked cell. Its answers are right unless a case changes them, so a
+test that scores zero there is the grader's doing. Most tampering goes in a cell between the two
+tests: test_mean must keep its points (graded before), test_running_max must lose them.
+Lab 1 cases start from the release (stubs: every test fails fast) or the solution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FULL = {"test_mean": 2.0, "test_running_max": 3.0}
+SECOND_VOID = {"test_mean": 2.0, "test_running_max": 0.0}
+BOTH_VOID = {"test_mean": 0.0, "test_running_max": 0.0}
+LAB1_ZERO = {t: 0.0 for t in ("test_saxpy", "test_transpose", "test_block_sum",
+                              "test_matmul_tiled", "test_histogram", "test_waves")}
+WRONG_RUNNING_MAX = "def running_max(xs):\n    return []  # wrong: lets the checker decide"
+FROM_ZERO = ("def running_max(xs):\n    out, best = [], 0  # wrong when all are negative\n"
+             "    for x in xs:\n        best = max(best, x)\n        out.append(best)\n"
+             "    return out")
+# What only the fixture's hidden tests contain: none of it may reach a learner's eyes.
+FIXTURE_HIDDEN = ("[[5.0], [-1.0, 1.0, 4.0, 8.0]]", "secret-marker-7f3a", "[-3, -5, -1]",
+                  "[9, 1, 4]", "HIDDEN TESTS")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One submission and the outcome grading must reach."""
+
+    student_id: str
+    attack: str  # what the learner tries, in a line
+    code: str = ""  # a cell the learner adds ...
+    after: str = "test_mean"  # ... after the cell with this grade_id (or cell id)
+    answers: dict[str, str] = field(default_factory=dict)  # answer grade_id -> its new source
+    edit: tuple[str, str] | None = None  # ("delete" | "duplicate" | "forge", grade_id)
+    raw: bytes | None = None  # the file handed in, when it is not a notebook
+    lab: str = "lab0_fixture"
+    base: str = "solution"  # or "release" (Lab 1)
+    # The outcome.
+    scores: dict[str, float] | None = None  # test grade_id -> points
+    flags: tuple[str, ...] = ()  # each a part of some flag; none expected when empty
+    reasons: tuple[tuple[str, str], ...] = ()  # (cell, part of its reason)
+    error: str | None = None  # not graded: part of the error
+
+
+def voided(cell: str) -> tuple[tuple[str, str], ...]:
+    """The reason a test that was not run gets (its finding is in the flags)."""
+    return ((cell, "IntegrityError before this test"),)
+
+
+INTEGRITY = [
+    Case("ada", "nothing: the lab's own solution", scores=FULL),
+    Case("ast_pass", "an AST transformer that turns asserts into pass and drops checker calls",
+         code='''
+import ast
+
+
+class NoChecks(ast.NodeTransformer):
+    """Asserts become `pass`, checker calls vanish: no test can fail."""
+
+    def visit_Assert(self, node):
+        return ast.Pass()
+
+    def visit_Expr(self, node):
+        call = node.value
+        named = isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+        return None if named and call.func.id.startswith("check_") else node
+
+
+get_ipython().ast_transformers.append(NoChecks())
+''', answers={"running_max": WRONG_RUNNING_MAX}, scores=SECOND_VOID,
+         flags=("tampered: ast_transformers",),
+         reasons=voided("test_running_max")),
+    Case("input_tf", "an input transformer that deletes the test cells' checker lines", code='''
+def drop_checks(lines):
+    """Runs on every cell's text before IPython compiles it."""
+    return [line for line in lines if "check_" not in line]
+
+
+get_ipython().input_transformers_cleanup.append(drop_checks)
+''', answers={"running_max": WRONG_RUNNING_MAX}, scores=SECOND_VOID,
+         flags=("input_transformers_cleanup",),
+         reasons=voided("test_running_max")),
+    Case("tracer", "a sys.settrace hook that could rewrite the tests' locals", code='''
+import sys
+
+
+def tracer(frame, event, arg):
+    return tracer
+
+
+sys.settrace(tracer)
+''', scores=SECOND_VOID, flags=("sys.settrace hook",),
+         reasons=voided("test_running_max")),
+    Case("isinstance", "builtins.isinstance patched to say yes to numbers", code='''
+import builtins
+
+_isinstance = builtins.isinstance
+
+
+def lenient(obj, kinds):
+    return True if kinds in (int, float) else _isinstance(obj, kinds)
+
+
+builtins.isinstance = lenient
+''', scores=SECOND_VOID, flags=("builtins.isinstance",),
+         reasons=voided("test_running_max")),
+    Case("own_checker", "the lab's checker redefined in the notebook", code='''
+def check_running_max(fn, cases):
+    """Always happy."""
+''', answers={"running_max": WRONG_RUNNING_MAX}, scores=SECOND_VOID,
+         flags=("check_running_max (set by the lab)",)),
+    Case("abs", "a builtin the lab's checker uses, shadowed in the notebook", after="mean",
+         code='''
+def abs(x):  # check_mean passes when abs(got - want) is small
+    return 0
+''', answers={"mean": "def mean(xs):\n    return 42"}, scores=BOTH_VOID,
+         flags=("abs (used by check_mean)",)),
+    Case("assertion", "builtins.AssertionError replaced", code='''
+import builtins
+
+
+class Relaxed(Exception):
+    """Not an AssertionError."""
+
+
+builtins.AssertionError = Relaxed
+''', scores=SECOND_VOID, flags=("builtins.AssertionError",)),
+    Case("hook", "a pre_run_cell hook that prints each cell's source (the hidden tests)",
+         after="mean", code='''
+def show(info):
+    print(info.raw_cell)
+
+
+get_ipython().events.register("pre_run_cell", show)
+''', scores=BOTH_VOID, flags=("pre_run_cell callbacks",)),
+    Case("history", "In, _ih, %history, linecache and the last traceback printed at the end",
+         after="test_running_max", code='''
+import linecache
+import sys
+
+print(In)
+print(_ih)
+get_ipython().run_line_magic("history", "-n")
+print([entry[2] for entry in linecache.cache.values()])
+print(get_ipython()._last_traceback, sys.last_traceback)
+''', answers={"running_max": FROM_ZERO}, scores=SECOND_VOID),
+]
+
+ROBUSTNESS = [
+    Case("bea", "nothing: the lab's own solution", scores=FULL),
+    Case("endless", "running_max never returns", answers={
+        "running_max": "def running_max(xs):\n    while True:\n        pass"},
+         scores=SECOND_VOID, flags=("timeout: test_running_max",),
+         reasons=(("test_running_max", "ran past the time limit"),)),
+    Case("stubborn", "running_max never returns and ignores the interrupt", answers={
+        "running_max": ("def running_max(xs):\n    import time\n    while True:\n        try:\n"
+                        "            time.sleep(0.05)\n        except KeyboardInterrupt:\n"
+                        "            pass")},
+         scores=SECOND_VOID, flags=("timeout: test_running_max",),
+         reasons=(("test_running_max", "ignored the interrupt"),)),
+    Case("exits", "os._exit(1) in a cell after mean", after="mean",
+         code="import os\n\nos._exit(1)",
+         scores={"test_mean": 0.0, "test_running_max": 3.0}, flags=("kernel died",),
+         reasons=(("cell 5", "exit status 1"),)),
+    Case("segfault", "a segmentation fault inside running_max, called by the checker",
+         answers={"running_max": "def running_max(xs):\n    import ctypes\n"
+                                 "    return list(ctypes.string_at(0))  # reads address 0"},
+         scores=SECOND_VOID, flags=("kernel died: test_running_max",),
+         reasons=(("test_running_max", "SIGSEGV"),)),
+    Case("flood", "2 GB printed by one cell", after="mean",
+         code='for _ in range(2048):\n    print("x" * (1 << 20))',
+         scores=FULL, flags=("output capped: cell 5",)),
+    Case("deleted", "test_running_max deleted (and running_max wrong)",
+         edit=("delete", "test_running_max"), answers={"running_max": FROM_ZERO},
+         scores=SECOND_VOID, flags=("restored cell: test_running_max",)),
+    Case("twice", "test_mean handed in twice", edit=("duplicate", "test_mean"),
+         scores=FULL, flags=("duplicated cell: test_mean",)),
+    Case("forged", "a test cell of the learner's own, worth 100 points",
+         edit=("forge", "test_bonus"), scores=FULL, flags=("ignored cell metadata",)),
+    Case("corrupt", "a notebook cut off in the middle", raw=b'{"cells": [{"cell_type": "co',
+         error="invalid JSON", flags=("unreadable notebook",)),
+    Case("not_nb", "valid JSON, but not a notebook", raw=b'{"hello": "world"}',
+         error="not a notebook", flags=("unreadable notebook",)),
+]
+
+LAB1 = [
+    Case("checker", "gpulab.checks.check_saxpy replaced by a function that accepts anything",
+         lab="lab1_cuda_kernels", base="release", after="imports", code='''
+import gpulab.checks
+
+gpulab.checks.check_saxpy = lambda kernel, sizes=(), seed=0: None
+''', scores=LAB1_ZERO, flags=("gpulab.checks.check_saxpy",),
+         reasons=voided("test_saxpy")),
+    Case("numpy", "numpy.isclose and gpulab.sim's race check patched", lab="lab1_cuda_kernels",
+         base="release", after="imports", code='''
+import gpulab.sim
+
+np.isclose = lambda a, b, **kwargs: np.ones(np.broadcast(a, b).shape, dtype=bool)
+gpulab.sim.check_no_races = lambda *args, **kwargs: None
+''', scores=LAB1_ZERO, flags=("numpy.isclose", "gpulab.sim.check_no_races")),
+    Case("always_equal", "Part 6 answered with an object equal to everything",
+         lab="lab1_cuda_kernels", base="release", answers={"waves": '''
+class AlwaysEqual:
+    """Equal to whatever it is compared with."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+n_waves = tail_utilization = utilization = AlwaysEqual()
+'''}, scores=LAB1_ZERO, reasons=()),
+]
