@@ -60,6 +60,8 @@ class GradeExecute(OutputCaps, Execute):
 
     message_size_limit = Integer(64 << 20, help="bytes: a bigger message is refused").tag(
         config=True)
+    output_queue_limit = Integer(32, help="output messages waiting to be read; past it a "
+                                 "flooding kernel's output is dropped, not stored").tag(config=True)
     max_restarts = Integer(10, help="fresh kernels per notebook before the rest is not run").tag(
         config=True)
 
@@ -130,6 +132,9 @@ class GradeExecute(OutputCaps, Execute):
         # pyzmq gives a context's options to the sockets it creates: a bigger message closes
         # the socket (replaced, see _reconnect_output) instead of filling the grader's memory.
         self.kc.context.setsockopt(zmq.MAXMSGSIZE, self.message_size_limit)
+        # A kernel can print faster than a busy grader reads: bound the queue, so its memory is
+        # at most this many messages (the default, 1000 x 1 MB lines, is a gigabyte).
+        self.kc.context.setsockopt(zmq.RCVHWM, self.output_queue_limit)
         await ensure_async(self.kc.start_channels())
         await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
         self.kc.allow_stdin = False
@@ -143,6 +148,17 @@ class GradeExecute(OutputCaps, Execute):
         if findings:
             raise RuntimeError("the integrity guard could not be set up in the grading kernel: "
                                + "; ".join(findings))
+
+    async def _check_raise_for_error(self, cell, cell_index, exec_reply) -> None:
+        """A cell fails when its reply says so, even if its error output never arrived (dropped
+        by a flood of output, say): scoring reads the outputs, so put the error there."""
+        content = (exec_reply or {}).get("content", {})
+        if content.get("status") == "error" and not any(
+                out.get("output_type") == "error" for out in cell.outputs):
+            cell.outputs.append(new_output("error", ename=content.get("ename", "Error"),
+                                           evalue=content.get("evalue", ""),
+                                           traceback=content.get("traceback", [])))
+        await super()._check_raise_for_error(cell, cell_index, exec_reply)
 
     async def _check(self, index: int, phase: str) -> list[str]:
         """The guard's findings before or after test cell `index`; a kernel that does not

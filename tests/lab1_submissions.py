@@ -5,27 +5,29 @@
     with_mistake(MISTAKES[0])        the solution with one part broken the way learners break it
     hand_in(folder, "ada", nb)       folder/ada/lab1_cuda_kernels.ipynb, as a learner hands it in
 
-Each mistake is a string replacement in one answer cell, found by its nbgrader grade_id. The
-replaced text must occur exactly once: when the lab's solution changes, building the submission
-fails here, loudly, instead of grading an unchanged (correct) notebook and testing nothing.
+Built on tests/lab_submissions.py (a mistake is a string replacement that must be found
+exactly once, so a change to the lab's solution fails loudly here).
 Not a test module (no `test_` prefix): the Lab 1 grading tests and benchmarks import it.
 """
 
 from __future__ import annotations
 
-import html
-import re
-from dataclasses import dataclass
-from pathlib import Path
+from lab_submissions import (  # noqa: F401 - re-exported for the Lab 1 tests
+    ROOT,
+    Lab,
+    Mistake,
+    cell_by_grade_id,
+    grade_id,
+    page_text,
+    points_of,
+    read,
+)
 
-import nbformat
-from nbformat.notebooknode import NotebookNode
-
-ROOT = Path(__file__).resolve().parents[1]
 LAB = "lab1_cuda_kernels"
-NOTEBOOK = f"{LAB}.ipynb"
-SOLUTION = ROOT / "solutions" / LAB / NOTEBOOK
-RELEASE = ROOT / "labs" / LAB / NOTEBOOK
+LAB1 = Lab(LAB)
+NOTEBOOK = LAB1.notebook
+SOLUTION = LAB1.solution_path
+RELEASE = LAB1.release_path
 
 # The lab's parts as its introduction states them: test cell grade_id -> points.
 POINTS = {
@@ -36,19 +38,6 @@ POINTS = {
     "test_histogram": 3,
     "test_waves": 2,
 }
-BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """One known-wrong answer: which cell changes, how, and what the grader must say."""
-
-    student_id: str  # the learner who hands it in
-    cell: str  # grade_id of the answer cell that changes
-    old: str  # text of the solution, found exactly once in that cell
-    new: str  # what the learner wrote instead
-    test: str  # grade_id of the one test cell that must fail
-    teaching: str  # regex: the checker's message about it, which the feedback must show
 
 
 MISTAKES = (
@@ -99,81 +88,8 @@ MISTAKES = (
 )
 
 
-def read(path: Path) -> NotebookNode:
-    return nbformat.read(path, as_version=4)
-
-
-def solution() -> NotebookNode:
-    return read(SOLUTION)
-
-
-def released() -> NotebookNode:
-    return read(RELEASE)
-
-
-def grade_id(cell: NotebookNode) -> str | None:
-    return cell.metadata.get("nbgrader", {}).get("grade_id")
-
-
-def cell_by_grade_id(nb: NotebookNode, wanted: str) -> NotebookNode:
-    """The one cell of `nb` whose nbgrader grade_id is `wanted`."""
-    found = [cell for cell in nb.cells if grade_id(cell) == wanted]
-    if len(found) != 1:
-        raise LookupError(f"{len(found)} cells with grade_id {wanted!r} in the notebook")
-    return found[0]
-
-
-def points_of(nb: NotebookNode) -> dict[str, float]:
-    """grade_id -> points of every autograded test cell of `nb`."""
-    return {
-        grade_id(c): float(c.metadata["nbgrader"]["points"])
-        for c in nb.cells
-        if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"
-    }
-
-
-def with_mistake(mistake: Mistake, nb: NotebookNode | None = None) -> NotebookNode:
-    """The solution (or `nb`) with `mistake` made in its answer cell."""
-    nb = nb if nb is not None else solution()
-    cell = cell_by_grade_id(nb, mistake.cell)
-    if not cell.metadata["nbgrader"].get("solution"):
-        raise LookupError(f"cell {mistake.cell!r} is not an answer cell")
-    count = cell.source.count(mistake.old)
-    if count != 1:
-        raise LookupError(
-            f"{mistake.old!r} occurs {count} times in cell {mistake.cell!r}, not once: the "
-            "lab's solution changed; update this mistake to match it."
-        )
-    cell.source = cell.source.replace(mistake.old, mistake.new)
-    return nb
-
-
-def hand_in(folder: Path, student_id: str, nb: NotebookNode) -> Path:
-    """Write `nb` as `student_id`'s submission: folder/<student_id>/<lab>.ipynb."""
-    path = Path(folder) / student_id / NOTEBOOK
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, path)
-    return path
-
-
-def hidden_test_lines(nb: NotebookNode | None = None) -> list[str]:
-    """The stripped, non-empty lines between the hidden-test delimiters of the solution."""
-    nb = nb if nb is not None else solution()
-    lines = []
-    for cell in nb.cells:
-        inside = False
-        for line in cell.source.splitlines():
-            if BEGIN_HIDDEN in line:
-                inside = True
-            elif END_HIDDEN in line:
-                inside = False
-            elif inside and line.strip():
-                lines.append(line.strip())
-    return lines
-
-
-def page_text(page: str) -> str:
-    """An HTML page as a reader sees it: tags gone, entities decoded, so that a hidden line
-    split into syntax-highlighting spans is still found whole."""
-    without_code = re.sub(r"(?is)<(script|style)\b.*?</\1>", "", page)
-    return html.unescape(re.sub(r"<[^>]+>", "", without_code))
+solution = LAB1.solution
+released = LAB1.released
+with_mistake = LAB1.with_mistake
+hand_in = LAB1.hand_in
+hidden_test_lines = LAB1.hidden_test_lines

@@ -155,3 +155,21 @@ def test_output_caps_cut_streams_but_keep_errors():
     assert len(outs[-1].evalue) < 11_000
     assert executor.output(outs, message("stream", name="stdout", text="v"), None, 3) is None
     assert "this notebook's output" in executor.cap_note()
+
+
+def test_a_failed_reply_fails_the_cell_even_when_its_error_output_was_lost():
+    """Output can be dropped under a flood; the cell's reply cannot. An error reply with no
+    error output must still leave an error in the cell, where scoring looks."""
+    from jupyter_core.utils import run_sync
+
+    executor = GradeExecute(timeout=60)
+    cell = nbformat.v4.new_code_cell("check()")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 10)]
+    reply = {"content": {"status": "error", "ename": "AssertionError", "evalue": "wrong",
+                         "traceback": ["AssertionError: wrong"]}}
+    run_sync(executor._check_raise_for_error)(cell, 0, reply)
+    errors = [out for out in cell.outputs if out.output_type == "error"]
+    assert [(e.ename, e.evalue) for e in errors] == [("AssertionError", "wrong")]
+
+    run_sync(executor._check_raise_for_error)(cell, 0, reply)  # already there: not doubled
+    assert sum(out.output_type == "error" for out in cell.outputs) == 1

@@ -10,13 +10,12 @@ points, and its feedback must show the checker's teaching message and no hidden 
 
 from __future__ import annotations
 
-import html
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
 import pytest
+from lab_submissions import Lab, Mistake, grade_id, page_text, points_of, read
 from nbformat.notebooknode import NotebookNode
 
 from autograder.course import Course, repository_root
@@ -39,19 +38,6 @@ POINTS = {
 }
 FULL_MARKS = 15
 STUB_HINT = "Replace `raise NotImplementedError()` with your code."
-BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """One known-wrong answer: which cell changes, how, and what the grader must say."""
-
-    student_id: str  # the learner who hands it in
-    cell: str  # grade_id of the answer cell that changes
-    old: str  # text of the solution, found exactly once in that cell
-    new: str  # what the learner wrote instead
-    test: str  # grade_id of the one test cell that must fail
-    teaching: str  # a regex over the checker's message, which the feedback must show
 
 
 MISTAKES = (
@@ -82,69 +68,9 @@ MISTAKES = (
 )
 
 
-# ----------------------------------------------------------------------------- submissions
-
-
-def read(path: Path) -> NotebookNode:
-    return nbformat.read(path, as_version=4)
-
-
-def solution() -> NotebookNode:
-    return read(ROOT / "solutions" / LAB / NOTEBOOK)
-
-
-def released() -> NotebookNode:
-    return read(ROOT / "labs" / LAB / NOTEBOOK)
-
-
-def grade_id(cell: NotebookNode) -> str | None:
-    return cell.metadata.get("nbgrader", {}).get("grade_id")
-
-
-def points_of(nb: NotebookNode) -> dict[str, float]:
-    return {grade_id(c): float(c.metadata["nbgrader"]["points"]) for c in nb.cells
-            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")}
-
-
-def with_mistake(mistake: Mistake) -> NotebookNode:
-    """The solution with `mistake` made in its answer cell; LookupError when the text to
-    replace is not there exactly once (the solution changed: update the mistake)."""
-    nb = solution()
-    (cell,) = [c for c in nb.cells if grade_id(c) == mistake.cell]
-    if not cell.metadata["nbgrader"].get("solution"):
-        raise LookupError(f"cell {mistake.cell!r} is not an answer cell")
-    count = cell.source.count(mistake.old)
-    if count != 1:
-        raise LookupError(f"{mistake.old!r} occurs {count} times in cell {mistake.cell!r}, "
-                          "not once: update this mistake to match the lab's solution.")
-    cell.source = cell.source.replace(mistake.old, mistake.new)
-    return nb
-
-
-def hand_in(folder: Path, student_id: str, nb: NotebookNode) -> None:
-    path = folder / student_id / NOTEBOOK
-    path.parent.mkdir(parents=True)
-    nbformat.write(nb, path)
-
-
-def hidden_test_lines() -> list[str]:
-    lines = []
-    for cell in solution().cells:
-        inside = False
-        for line in cell.source.splitlines():
-            if BEGIN_HIDDEN in line:
-                inside = True
-            elif END_HIDDEN in line:
-                inside = False
-            elif inside and line.strip():
-                lines.append(line.strip())
-    return lines
-
-
-def page_text(page: str) -> str:
-    """An HTML page as a reader sees it: tags gone, entities decoded."""
-    without_code = re.sub(r"(?is)<(script|style)\b.*?</\1>", "", page)
-    return html.unescape(re.sub(r"<[^>]+>", "", without_code))
+LAB2 = Lab(LAB)
+solution, released, with_mistake = LAB2.solution, LAB2.released, LAB2.with_mistake
+hand_in, hidden_test_lines = LAB2.hand_in, LAB2.hidden_test_lines
 
 
 # ----------------------------------------------------------------------------- one batch
