@@ -161,6 +161,14 @@ ROBUSTNESS = [
                         "            pass")},
          scores=SECOND_VOID, flags=("timeout: test_running_max",),
          reasons=(("test_running_max", "ignored the interrupt"),)),
+    Case("hung_group", "running_max joins a two-rank process group whose other rank never comes",
+         answers={"running_max": (
+             "def running_max(xs):\n    import datetime\n\n    import torch.distributed as dist\n"
+             "\n    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=2,"
+             "\n                            timeout=datetime.timedelta(hours=1))\n"
+             "    return xs")},
+         scores=SECOND_VOID, flags=("timeout: test_running_max",),
+         reasons=(("test_running_max", "ran past the"),)),
     Case("exits", "os._exit(1) in a cell after mean", after="mean",
          code="import os\n\nos._exit(1)",
          scores={"test_mean": 0.0, "test_running_max": 3.0}, flags=("kernel died",),
