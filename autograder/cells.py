@@ -21,8 +21,10 @@ import nbformat
 
 # Test cells that import from gpulab are graded by its checkers: the guard imports and watches
 # these, and what they compare with, before any learner cell runs.
-CHECKER_MODULES = ("gpulab.checks", "gpulab.sim", "numpy.testing")
-CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "numpy", "numpy.testing")
+# The training checkers compare with torch (torch.equal, F.cross_entropy, Tensor methods).
+CHECKER_MODULES = ("gpulab.checks", "gpulab.sim", "numpy.testing", "torch", "torch.nn.functional")
+CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "numpy", "numpy.testing", "torch",
+                 "torch.nn.functional")
 
 
 @dataclass

@@ -63,6 +63,9 @@ TRANSFORMER_LISTS = {
     "ast_transformers": lambda shell: shell.ast_transformers,
 }
 SYS_PARTS = ("stdout", "stderr", "excepthook", "displayhook", "modules")
+# torch imports torch._dynamo lazily (an optimizer step, torch.compile), which rewraps these with
+# its "disable" decorator, keeping the original as __wrapped__: a change, but not tampering.
+TORCH_REWRAPS = {("torch", "manual_seed")}
 METHOD_KINDS = (type(lambda: 0), staticmethod, classmethod, property)
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
 
@@ -143,7 +146,8 @@ class Guard:
         for key, value in list(namespace.items()):
             if not (callable(value) or isinstance(value, METHOD_KINDS)):
                 continue
-            self.watch(f"{prefix}.{key}", lambda d=namespace, k=key: d.get(k, MISSING))
+            same = _same_or_rewrapped_by_torch if (prefix, key) in TORCH_REWRAPS else None
+            self.watch(f"{prefix}.{key}", lambda d=namespace, k=key: d.get(k, MISSING), same)
             if hasattr(value, "__code__"):
                 self.watch(f"{prefix}.{key}.__code__", lambda f=value: f.__code__)
             if isinstance(value, type) and value.__module__ == module and prefix == module:
@@ -335,3 +339,12 @@ def read_answer(content: dict | None, token: str, key: str = "guard") -> list[st
     if not genuine:
         return ["the integrity guard's answer is not genuine"]
     return [str(finding) for finding in value[0][1]]
+
+
+def _same_or_rewrapped_by_torch(now, before) -> bool:
+    """True for the same object, or for torch._dynamo's wrapper around it (see TORCH_REWRAPS)."""
+    if now is before:
+        return True
+    code = getattr(now, "__code__", None)
+    return (getattr(now, "__wrapped__", None) is before and code is not None
+            and code.co_filename.replace("\\", "/").endswith("torch/_compile.py"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from hostile import FIXTURE_HIDDEN, INTEGRITY, LAB1, check_outcome, hand_in_all
+from hostile import FIXTURE_HIDDEN, INTEGRITY, LAB1, LAB2, check_outcome, hand_in_all
 from lab1_submissions import ROOT, page_text
 
 from autograder.cells import Plan
@@ -49,6 +49,21 @@ def lab1_batch(tmp_path_factory):
     subs = hand_in_all(grading.parent / f"{grading.name}-subs", LAB1)
     results = grade(Course.at(ROOT, grading), "lab1_cuda_kernels", subs, progress=False)
     return {result.student_id: result for result in results}
+
+
+@pytest.fixture(scope="module")
+def lab2_batch(tmp_path_factory):
+    grading = tmp_path_factory.mktemp("lab2-grading")
+    subs = hand_in_all(grading.parent / f"{grading.name}-subs", LAB2)
+    results = grade(Course.at(ROOT, grading), "lab2_amp_training", subs, progress=False, jobs=2)
+    return {result.student_id: result for result in results}
+
+
+@pytest.mark.slow
+@pytest.mark.lab2
+@pytest.mark.parametrize("case", LAB2, ids=lambda case: case.student_id)
+def test_lab2_outcome(lab2_batch, case):
+    check_outcome(case, lab2_batch[case.student_id])
 
 
 @pytest.mark.slow

@@ -9,12 +9,13 @@ tests/test_autograder_integrity.py and tests/test_autograder_robustness.py, in a
 """
 
 from hostile.build import check_outcome, hand_in_all
-from hostile.cases import FIXTURE_HIDDEN, INTEGRITY, LAB1, ROBUSTNESS, Case
+from hostile.cases import FIXTURE_HIDDEN, INTEGRITY, LAB1, LAB2, ROBUSTNESS, Case
 
 __all__ = [
     "FIXTURE_HIDDEN",
     "INTEGRITY",
     "LAB1",
+    "LAB2",
     "ROBUSTNESS",
     "Case",
     "check_outcome",

@@ -16,6 +16,8 @@ BASES = {  # (lab, base) -> the notebook a case starts from
     ("lab0_fixture", "solution"): TESTS / "fixtures/solutions/lab0_fixture/lab0_fixture.ipynb",
     ("lab1_cuda_kernels", "solution"): ROOT / "solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb",
     ("lab1_cuda_kernels", "release"): ROOT / "labs/lab1_cuda_kernels/lab1_cuda_kernels.ipynb",
+    ("lab2_amp_training", "solution"): ROOT / "solutions/lab2_amp_training/lab2_amp_training.ipynb",
+    ("lab2_amp_training", "release"): ROOT / "labs/lab2_amp_training/lab2_amp_training.ipynb",
 }
 
 

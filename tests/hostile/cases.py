@@ -194,6 +194,26 @@ ROBUSTNESS = [
          error="not a notebook", flags=("unreadable notebook",)),
 ]
 
+LAB2_ZERO = {t: 0.0 for t in ("test_to_device", "test_amp_step", "test_accumulate_gradients",
+                              "test_resume", "test_memorize")}
+
+LAB2 = [
+    Case("lab2_ok", "nothing: the lab's own solution", lab="lab2_amp_training",
+         scores={"test_to_device": 2.0, "test_amp_step": 4.0, "test_accumulate_gradients": 3.0,
+                 "test_resume": 4.0, "test_memorize": 2.0}),
+    Case("torch_equal", "torch.equal and Tensor.__eq__ patched so a stale resume looks exact",
+         lab="lab2_amp_training", base="release", after="imports", code='''
+torch.equal = lambda a, b: True
+torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+''', scores=LAB2_ZERO, flags=("torch.equal",)),
+    Case("checker2", "gpulab.checks.check_amp_step replaced by a function that accepts anything",
+         lab="lab2_amp_training", base="release", after="imports", code='''
+import gpulab.checks
+
+gpulab.checks.check_amp_step = lambda *args, **kwargs: None
+''', scores=LAB2_ZERO, flags=("gpulab.checks.check_amp_step",)),
+]
+
 LAB1 = [
     Case("checker", "gpulab.checks.check_saxpy replaced by a function that accepts anything",
          lab="lab1_cuda_kernels", base="release", after="imports", code='''
