@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpulab.distributed import collectives, run_on_ranks
+from gpulab.distributed import allreduce, run_on_ranks
 from gpulab.distributed import cost_model as cm
+from gpulab.distributed.allreduce import ring_all_reduce, tree_all_reduce
 from gpulab.distributed.collectives import (
     COLLECTIVES,
     Piece,
@@ -17,11 +18,9 @@ from gpulab.distributed.collectives import (
     draw_collective,
     draw_ring,
     real_states,
-    ring_all_reduce,
     ring_steps,
     run_collective,
     simulate,
-    tree_all_reduce,
 )
 
 SIZES = (0, 1, 2, 3, 5, 7, 13, 1001)  # empty, fewer elements than ranks, odd, not divisible
@@ -111,13 +110,13 @@ def _all_reduce_variants(rank, world_size):
     """Ring and tree on groups of 1, 2, 3 and 4 ranks, for awkward sizes and layouts; the ring
     also with 3-element segments, so that long exchanges are pipelined in uneven pieces."""
     mismatches = []
-    cases = [(size, collectives.SEGMENT) for size in SIZES] + [(1001, 3)]
+    cases = [(size, allreduce.SEGMENT) for size in SIZES] + [(1001, 3)]
     groups = {n: dist.new_group(list(range(n))) for n in range(1, world_size + 1)}
     for n, group in groups.items():
         if rank >= n:
             continue
         for size, segment in cases:
-            collectives.SEGMENT = segment
+            allreduce.SEGMENT = segment
             gen = torch.Generator().manual_seed(1000 * n + size + rank)
             # Integers in float32: every summation order gives the same bits.
             x = torch.randint(-100, 100, (size,), generator=gen).float()

@@ -12,7 +12,7 @@ errors.py        RankError, LaunchTimeout, ProcessGroupStartError
 Taught in: lessons/04_distributed_fundamentals.ipynb
 """
 
-from gpulab.distributed.collectives import ring_all_reduce, tree_all_reduce
+from gpulab.distributed.allreduce import ring_all_reduce, tree_all_reduce
 from gpulab.distributed.errors import (
     LaunchError,
     LaunchTimeout,
