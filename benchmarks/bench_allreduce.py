@@ -29,7 +29,7 @@ def _time_on_rank(rank, world_size, n, repeat, warmup):
     import torch
     import torch.distributed as dist
 
-    from gpulab.distributed.collectives import ring_all_reduce, tree_all_reduce
+    from gpulab.distributed.allreduce import ring_all_reduce, tree_all_reduce
 
     # Small integers: every summation order gives the same floats, so results compare exactly.
     x = torch.randint(-8, 8, (n,), generator=torch.Generator().manual_seed(rank)).float()
