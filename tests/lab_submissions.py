@@ -108,6 +108,12 @@ class Lab:
         cell.source = cell.source.replace(mistake.old, mistake.new)
         return nb
 
+    def cells_changed_by(self, mistake: Mistake) -> list[int]:
+        """Indexes of the solution's cells that `mistake` changes (one, for a well-made mistake)."""
+        right = [c.source for c in self.solution().cells]
+        wrong = [c.source for c in self.with_mistake(mistake).cells]
+        return [i for i, (a, b) in enumerate(zip(right, wrong, strict=True)) if a != b]
+
     def hand_in(self, folder: Path, student_id: str, nb: NotebookNode) -> Path:
         """Write `nb` as `student_id`'s submission: folder/<student_id>/<lab>.ipynb."""
         path = Path(folder) / student_id / self.notebook
