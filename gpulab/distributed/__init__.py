@@ -8,11 +8,21 @@ torchrun.py      torchrun_script: a script written from a cell, under torchrun
 collectives.py   what each collective does (pictures), ring and tree all-reduce from send/recv
 cost_model.py    the alpha-beta model, algbw/busbw as nccl-tests reports them, fitting
 errors.py        RankError, LaunchTimeout, ProcessGroupStartError
+data_parallel.py NaiveDDP, BucketedDDP, OverlappedDDP: DDP from scratch (buckets, overlap, no_sync)
+zero.py          ZeroOneOptimizer (ZeRO-1), bytes per rank, the ZeRO paper's table, vs FSDP2
 
-Taught in: lessons/04_distributed_fundamentals.ipynb
+Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model) and
+lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero)
 """
 
 from gpulab.distributed.allreduce import ring_all_reduce, tree_all_reduce
+from gpulab.distributed.data_parallel import (
+    BucketedDDP,
+    NaiveDDP,
+    OverlappedDDP,
+    SyncStats,
+    assign_buckets,
+)
 from gpulab.distributed.errors import (
     LaunchError,
     LaunchTimeout,
@@ -21,7 +31,24 @@ from gpulab.distributed.errors import (
 )
 from gpulab.distributed.launch import Launcher, run_on_ranks
 from gpulab.distributed.torchrun import TorchrunResult, torchrun_script
+from gpulab.distributed.zero import (
+    MemoryRow,
+    StrategyComparison,
+    ZeroOneOptimizer,
+    compare_strategies,
+    format_memory_table,
+    memory_per_rank,
+    optimizer_state_bytes,
+    partition_parameters,
+    rank_memory,
+    zero_memory_table,
+)
 
-__all__ = ["Launcher", "LaunchError", "LaunchTimeout", "ProcessGroupStartError", "RankError",
-           "TorchrunResult", "ring_all_reduce", "run_on_ranks", "torchrun_script",
-           "tree_all_reduce"]
+__all__ = [
+    "BucketedDDP", "Launcher", "LaunchError", "LaunchTimeout", "MemoryRow", "NaiveDDP",
+    "OverlappedDDP", "ProcessGroupStartError", "RankError", "StrategyComparison", "SyncStats",
+    "TorchrunResult", "ZeroOneOptimizer", "assign_buckets", "compare_strategies",
+    "format_memory_table", "memory_per_rank", "optimizer_state_bytes", "partition_parameters",
+    "rank_memory", "ring_all_reduce", "run_on_ranks", "torchrun_script", "tree_all_reduce",
+    "zero_memory_table",
+]
