@@ -56,13 +56,23 @@ def free_port() -> int:
 class OutputForwarder:
     """Read children's stdout/stderr in threads; print the lines, prefixed, from the caller's
     thread (Jupyter shows output printed by the thread that runs the cell), and keep the last
-    `keep_lines` lines of each stream by key (None: keep them all)."""
+    `keep_lines` lines of each stream by key (None: keep them all).
 
-    def __init__(self, keep_lines: int | None = 40, echo: bool = True):
+    With hold=True nothing is printed until `release()`: start-up chatter of an attempt that
+    fails and is retried never reaches the notebook (its error message quotes what matters)."""
+
+    def __init__(self, keep_lines: int | None = 40, echo: bool = True, hold: bool = False):
         self._lines: queue.Queue = queue.Queue()
         self._threads: list[threading.Thread] = []
         self.kept: dict[str, deque] = {}
         self._keep_lines, self._echo = keep_lines, echo
+        self._held: list[tuple[bool, str]] | None = [] if hold else None
+
+    def release(self) -> None:
+        """Print what was held back, and everything from now on as it comes."""
+        held, self._held = self._held or [], None
+        for to_stderr, text in held:
+            self._print(to_stderr, text)
 
     def watch(self, pipe, prefix: str, to_stderr: bool, key: str | None = None) -> None:
         """Forward `pipe` line by line; keep its lines under `key` (default: the prefix)."""
@@ -89,9 +99,14 @@ class OutputForwarder:
             except queue.Empty:
                 return
             self.kept[key].append(f"{prefix}{line}")
-            if self._echo:
-                print(f"{prefix}{line}", file=sys.stderr if to_stderr else sys.stdout,
-                      flush=True)
+            if self._held is not None:
+                self._held.append((to_stderr, f"{prefix}{line}"))
+            else:
+                self._print(to_stderr, f"{prefix}{line}")
+
+    def _print(self, to_stderr: bool, text: str) -> None:
+        if self._echo:
+            print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
 
     def finish(self, timeout_s: float = 2.0) -> None:
         """Wait (briefly) for the readers to reach end of file, then print what is left."""

@@ -28,6 +28,7 @@ Taught in: lessons/04_distributed_fundamentals.ipynb
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the gp
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
          "from gpulab.distributed._worker import main; main(*sys.argv[1:3])")
 _RUN = PHASES.index("run")
+_log = logging.getLogger(__name__)
 _ERROR_GRACE_S = 0.3  # after a first error, how long other ranks get to report their own
 
 
@@ -73,7 +75,8 @@ class Launcher:
             except ProcessGroupStartError as error:
                 if error.user_code_ran or attempt == self.start_retries:
                     raise
-                print(f"{error} -- retrying the launch once.", file=sys.stderr, flush=True)
+                # Logged, not printed: a launch that then succeeds shows what it always shows.
+                _log.info("%s -- retrying the launch once.", error)
         raise AssertionError("unreachable")
 
     def _backend(self) -> str:
@@ -99,7 +102,7 @@ class Launcher:
         go_read, go_write = os.pipe()  # not inherited, except by the ranks (pass_fds)
         procs: list[subprocess.Popen] = []
         boards: list[StatusBoard] = []
-        forwarder = _procs.OutputForwarder(echo=self.echo)
+        forwarder = _procs.OutputForwarder(echo=self.echo, hold=True)  # until all run
         try:
             boards += [StatusBoard(launch_dir / f"rank{r}.status", create=True)
                        for r in range(self.world_size)]
@@ -118,7 +121,14 @@ class Launcher:
                 forwarder.watch(procs[-1].stderr, f"[rank {rank}] ", to_stderr=True)
             os.close(go_read)
             go_read = None
-            values = self._supervise(procs, boards, launch_dir, forwarder)
+            try:
+                values = self._supervise(procs, boards, launch_dir, forwarder)
+            except ProcessGroupStartError:
+                raise  # may be retried: its output stays held (the message quotes it)
+            except BaseException:
+                forwarder.release()  # the user's function ran: show all it printed
+                raise
+            forwarder.release()
             os.close(go_write)  # "go": every rank has its result; they leave the group and exit
             go_write = None
             self._wait_exit(procs)
@@ -173,6 +183,7 @@ class Launcher:
             elif len(results) == len(procs):
                 return [results[r][1] for r in range(len(procs))]
             if run_deadline is None and all(_phase(b) >= _RUN for b in boards):
+                forwarder.release()  # the group formed: this attempt's output is the user's
                 run_deadline = now + (self.timeout_s if self.timeout_s is not None else 1e12)
             if run_deadline is not None and now > run_deadline:
                 raise self._timeout(procs, boards, launch_dir)
