@@ -19,6 +19,8 @@ BUDGETS_S = {
     "lessons/01_gpu_architecture.ipynb": 120,
     "lessons/02_cuda_with_numba.ipynb": 180,
     "lessons/03_pytorch_on_the_gpu.ipynb": 180,
+    "lessons/04_distributed_fundamentals.ipynb": 240,
+    "lessons/05_multi_gpu_strategies.ipynb": 240,
     "solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb": 180,
     "solutions/lab2_amp_training/lab2_amp_training.ipynb": 180,
 }

@@ -9,6 +9,7 @@ from pathlib import Path
 def source_of(obj) -> str:
     """The source of a function, class, module or Numba kernel, headed by its file and line."""
     obj = getattr(obj, "py_func", obj)  # a @cuda.jit kernel wraps the Python function it runs
+    obj = inspect.unwrap(obj)  # a decorated one (@contextmanager, @torch.no_grad): its own code
     lines, first = inspect.getsourcelines(obj)
     path = Path(inspect.getsourcefile(obj))
     parts = path.parts

@@ -60,3 +60,12 @@ def test_show_source_unwraps_a_numba_kernel(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# gpulab/kernels/reduce.py, line ")
     assert "def reduce_kernel_v2" in out
+
+
+def test_show_source_unwraps_a_decorated_method(capsys):
+    from gpulab.distributed.data_parallel import OverlappedDDP  # no_sync is a @contextmanager
+
+    gpulab.show_source(OverlappedDDP.no_sync)
+    out = capsys.readouterr().out
+    assert out.startswith("# gpulab/distributed/data_parallel.py, line ")
+    assert "def no_sync" in out

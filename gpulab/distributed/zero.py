@@ -267,21 +267,23 @@ class StrategyComparison:
 
 
 def compare_strategies(world_size: int = 2, steps: int = 4, batch_size: int = 24,
-                       hidden: int = 64, seed: int = 0, timeout_s: float = 120.0
-                       ) -> StrategyComparison:
+                       hidden: int = 64, seed: int = 0, timeout_s: float = 120.0,
+                       backend: str | None = None) -> StrategyComparison:
     """Train the same MLP on the same batches under DDP, ZeRO-1 (DDP + ZeroOneOptimizer) and
     FSDP2 (fully_shard), AdamW, fp32, on `world_size` processes; report each step's loss of the
     whole batch and each rank's bytes. The losses agree to rounding; FSDP2 holds about
     1/world_size of the parameters, gradients and state; ZeRO-1 splits only the state, and by
     whole parameters, so only as evenly as the largest parameter allows. fp32 AdamW holds
     4 + 4 bytes of parameter and gradient and 8 of state per parameter (plus a 4-byte step
-    per tensor): compare with zero_memory_table(n_params, world_size, 4, 4, 8)."""
+    per tensor): compare with zero_memory_table(n_params, world_size, 4, 4, 8).
+    backend: None for the runner's (nccl, one GPU per rank), or "gloo" to run on CPU processes,
+    e.g. on a machine with fewer GPUs than ranks."""
     from gpulab.distributed.launch import run_on_ranks
 
     if batch_size % world_size:
         raise ValueError(f"batch_size={batch_size} must be a multiple of world_size={world_size}")
     results = run_on_ranks(_compare_on_rank, world_size, steps, batch_size, hidden, seed,
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s, backend=backend)
     losses, _, n_params = results[0]
     memory = [row for strategy in STRATEGIES for _, rows, _ in results for row in rows
               if row.strategy == strategy]
@@ -304,11 +306,10 @@ def _compare_on_rank(rank, world_size, steps, batch_size, hidden, seed):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import gpulab
     from gpulab.data import Blobs
     from gpulab.models import MLP
 
-    on_cuda = gpulab.runner.device_kind == "cuda"
+    on_cuda = dist.get_backend() == "nccl"  # gloo ranks stay on the CPU, even beside a GPU
     device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
     data = Blobs(n_samples=steps * batch_size, n_classes=4, n_features=16, seed=seed)
     per_rank = batch_size // world_size
