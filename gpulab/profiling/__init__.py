@@ -1,0 +1,26 @@
+"""Profiling training steps: where the time goes, and what limits it.
+
+    from gpulab.profiling import profile_steps
+    result = profile_steps(model, loader, optimizer, steps=5)
+    print(result.phases())             # data / forward / backward / optimizer / other per step
+    result.top_ops(10)                 # the ops that took the time (OpStat rows)
+    print(result.regime())             # compute-, memory- or overhead-bound, and why
+    result.export_chrome_trace("trace.json")   # drag into https://ui.perfetto.dev
+
+steps.py    profile_steps, phase (label part of a step), labelled_training_step
+result.py   ProfileResult, Phases, OpStat: the step breakdown and the top ops
+regime.py   Regime and classify: the step against the machine's roofline
+trace.py    the profiler's events as plain records (Span, OpCall)
+traffic.py  bytes each op moves, estimated from its shapes and dtypes
+
+Taught in: lessons/08_profiling_and_optimization.ipynb, Lab 4 (speed up a slow pipeline)
+"""
+
+from gpulab.profiling.regime import BUSY_MIN, OP_OVERHEAD_S, SOL_MIN, Regime, classify
+from gpulab.profiling.result import OpStat, Phases, ProfileResult
+from gpulab.profiling.steps import labelled_training_step, phase, profile_steps
+from gpulab.profiling.trace import PHASES, OpCall, Span
+
+__all__ = ["BUSY_MIN", "OP_OVERHEAD_S", "PHASES", "SOL_MIN", "OpCall", "OpStat", "Phases",
+           "ProfileResult", "Regime", "Span", "classify", "labelled_training_step", "phase",
+           "profile_steps"]
