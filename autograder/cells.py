@@ -23,8 +23,8 @@ import nbformat
 # these, and what they compare with, before any learner cell runs.
 # The training checkers compare with torch (torch.equal, F.cross_entropy, Tensor methods).
 CHECKER_MODULES = ("gpulab.checks", "gpulab.sim", "numpy.testing", "torch", "torch.nn.functional")
-CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "numpy", "numpy.testing", "torch",
-                 "torch.nn.functional")
+CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "gpulab.distributed.*", "numpy",
+                 "numpy.testing", "torch", "torch.nn.functional")
 
 
 @dataclass

@@ -13,7 +13,8 @@ holds identities (compared with `is`) of:
 
     builtins         every name: isinstance, len, abs, AssertionError, __import__, getattr...
     checkers         sys.modules entries, functions, their __code__, classes and methods of
-                     gpulab.checks.*, gpulab.sim.*, numpy, numpy.testing (tests using gpulab)
+                     gpulab.checks.*, gpulab.sim.*, gpulab.distributed.*, numpy, numpy.testing
+                     (tests using gpulab)
     IPython          the shell's parts and methods, the kernel's, the input and AST transformer
                      lists, the event callbacks (pre_run_cell, pre_execute, ...)
     hooks            sys.gettrace/getprofile, threading's trace and profile hooks, sys.stdout,

@@ -81,7 +81,9 @@ def open_jail(notebooks_from: Path | None, uid: int | None) -> Jail:
         f"root:x:0:0:root:/root:/usr/sbin/nologin\nlearner:x:{who}:{who}::{HOME}:/bin/sh\n"
     )
     (root / "etc" / "group").write_text(f"root:x:0:\nlearner:x:{who}:\n")
-    (root / "etc" / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+    # ::ffff:127.0.0.1 too: gloo's ranks look up the name of their peers' IPv4-mapped addresses.
+    (root / "etc" / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n"
+                                        "::ffff:127.0.0.1 localhost\n")
     return jail
 
 

@@ -9,6 +9,9 @@ common.py   shared by every lab: "is this the learner's own code", launching, re
 lab1.py     Lab 1, CUDA kernels
 training.py shared by the training labs: tiny problems, one-thread runs, bf16 tolerances
 lab2.py     Lab 2, from CPU to GPU training with AMP (Parts 1-3; lab2_resume.py: Parts 4-5)
+lab3.py     Lab 3, DDP from the ground up: Part 1, and running code on ranks (lab3_ddp.py: Part 2;
+            lab3_buckets.py: Part 3; lab3_train.py: Part 4; on each rank: lab3_ranks.py,
+            lab3_record.py)
 """
 
 from gpulab.checks.lab1 import (
@@ -24,20 +27,29 @@ from gpulab.checks.lab1 import (
 )
 from gpulab.checks.lab2 import check_accumulate_gradients, check_amp_step, check_to_device
 from gpulab.checks.lab2_resume import check_memorize, check_resume
+from gpulab.checks.lab3 import check_ring_all_reduce
+from gpulab.checks.lab3_buckets import check_fast_ddp, check_make_buckets
+from gpulab.checks.lab3_ddp import check_simple_ddp
+from gpulab.checks.lab3_train import check_train_ddp
 
 __all__ = [
     "check_accumulate_gradients",
     "check_amp_step",
     "check_block_sum",
     "check_block_sum_races",
+    "check_fast_ddp",
     "check_histogram",
     "check_histogram_races",
+    "check_make_buckets",
     "check_matmul_tiled",
     "check_matmul_tiled_races",
     "check_memorize",
     "check_resume",
+    "check_ring_all_reduce",
     "check_saxpy",
+    "check_simple_ddp",
     "check_to_device",
+    "check_train_ddp",
     "check_transpose",
     "check_waves",
 ]

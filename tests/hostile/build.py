@@ -18,6 +18,8 @@ BASES = {  # (lab, base) -> the notebook a case starts from
     ("lab1_cuda_kernels", "release"): ROOT / "labs/lab1_cuda_kernels/lab1_cuda_kernels.ipynb",
     ("lab2_amp_training", "solution"): ROOT / "solutions/lab2_amp_training/lab2_amp_training.ipynb",
     ("lab2_amp_training", "release"): ROOT / "labs/lab2_amp_training/lab2_amp_training.ipynb",
+    ("lab3_ddp_from_scratch", "solution"):
+        ROOT / "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb",
 }
 
 

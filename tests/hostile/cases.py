@@ -5,6 +5,8 @@ the lab's own checkers in a locked cell. Its answers are right unless a case cha
 test that scores zero there is the grader's doing. Most tampering goes in a cell between the two
 tests: test_mean must keep its points (graded before), test_running_max must lose them.
 Lab 1 cases start from the release (stubs: every test fails fast) or the solution.
+Lab 3 cases (graded by tests/test_lab3_grading.py) change the solution's ring, which runs on
+processes of its own.
 """
 
 from __future__ import annotations
@@ -242,4 +244,48 @@ class AlwaysEqual:
 
 n_waves = tail_utilization = utilization = AlwaysEqual()
 '''}, scores=LAB1_ZERO, reasons=()),
+]
+
+LAB3_FULL = {"test_ring_all_reduce": 6.0, "test_simple_ddp": 3.0, "test_fast_ddp": 7.0,
+             "test_train_ddp": 4.0}
+LAB3_RING_VOID = {**LAB3_FULL, "test_ring_all_reduce": 0.0}
+# In the command line of every process the orphans case starts: none may outlive grading.
+LAB3_ORPHAN_MARKER = "gpulab-lab3-orphan-7c1e"
+
+# Lab 3 runs the learner's ring on processes of its own (gpulab.distributed.run_on_ranks): what
+# those do must not hang the grader, outlive it, or cost another part its points.
+LAB3 = [
+    Case("lab3_stubborn", "a ring that ignores SIGTERM and never returns",
+         lab="lab3_ddp_from_scratch", answers={"ring_all_reduce": '''
+def ring_all_reduce(tensor, op="sum"):
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's polite stop does nothing
+    while True:
+        time.sleep(0.1)
+'''}, scores=LAB3_RING_VOID),
+    Case("lab3_orphans", "a ring that leaves 20 sleeping children and a detached daemon behind",
+         lab="lab3_ddp_from_scratch", answers={"ring_all_reduce": f'''
+def ring_all_reduce(tensor, op="sum"):
+    import os
+    import subprocess
+
+    if not os.environ.get("LEFT_BEHIND"):  # once per rank process
+        os.environ["LEFT_BEHIND"] = "1"
+        for _ in range(20):
+            subprocess.Popen(["bash", "-c", "exec -a {LAB3_ORPHAN_MARKER} sleep 600"])
+        subprocess.Popen(["bash", "-c", "(exec -a {LAB3_ORPHAN_MARKER}-daemon sleep 600 &)"],
+                         start_new_session=True)  # its own session, its parent gone at once
+    return tensor  # and the sum never computed
+'''}, scores=LAB3_RING_VOID),
+    Case("lab3_kills_kernel", "a ring that kills the kernel which launched it",
+         lab="lab3_ddp_from_scratch", answers={"ring_all_reduce": '''
+def ring_all_reduce(tensor, op="sum"):
+    import os
+    import signal
+
+    os.kill(os.getppid(), signal.SIGKILL)  # a rank's parent is the grading kernel
+    return tensor
+'''}, scores=LAB3_RING_VOID, flags=("kernel died",), reasons=(("cell 13", "SIGKILL"),)),
 ]

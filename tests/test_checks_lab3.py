@@ -1,0 +1,369 @@
+"""Lab 3's checkers pass the lab's own solution, run on real processes, and fail, with the message
+that teaches, on the wrong versions learners write: a ring that averages, that sends the wrong
+chunk, that skips the all-gather, that deadlocks, that leaves a transposed tensor untouched, that
+calls dist.all_reduce or gpulab's ring; a wrapper that does not divide, does not broadcast,
+averages the start, all-reduces only after backward, never waits, blocks in its hooks, launches
+buckets out of order, broadcasts on rank 0 only; a training loop without set_epoch, without the
+seed, without a DistributedSampler, with the global batch on every rank, without
+finish_gradient_sync, or stepping before it.
+
+The right code is the solution notebook's own answer cells, run in a fresh `__main__` (so that
+it travels to the ranks by value, as a notebook's code does); each wrong version is the same
+code with one change. Each check is one launch of 2 to 4 processes (about 2 s); the checks that
+must hang run with a time limit of a few seconds.
+"""
+
+import re
+import types
+
+import pytest
+import torch
+from lab_submissions import Lab, cell_by_grade_id
+
+from gpulab.checks import (
+    check_fast_ddp,
+    check_make_buckets,
+    check_ring_all_reduce,
+    check_simple_ddp,
+    check_train_ddp,
+    lab3,
+    lab3_ddp,
+)
+from gpulab.checks.lab3 import learner_frames, require_own_class
+from gpulab.checks.lab3_buckets import reference_buckets
+from gpulab.distributed import ring_all_reduce as gpulab_ring_all_reduce
+from gpulab.models import MLP
+
+pytestmark = [pytest.mark.dist, pytest.mark.lab3]
+
+SOLUTION = Lab("lab3_ddp_from_scratch").solution()
+CELL_FILE = "/tmp/ipykernel_0/cell.py"  # where a kernel's cells say they come from
+HIDDEN_RING = {"world_sizes": (4,), "sizes": (1, 3, 4097), "transposed": True,
+               "dtype": torch.float64, "seed": 5}
+
+
+def notebook(changes=(), extra: str = "") -> types.ModuleType:
+    """The solution's imports and answer cells, run in a fresh module named __main__ (as a
+    kernel runs them), with `changes`: (grade_id, old, new) replacements, each of a text found
+    exactly once in that cell; then `extra`, code a learner adds."""
+    sources = {gid: cell_by_grade_id(SOLUTION, gid).source
+               for gid in ("imports", "ring_all_reduce", "simple_ddp", "fast_ddp", "train_ddp")}
+    for gid, old, new in changes:
+        assert sources[gid].count(old) == 1, f"{old!r} is not once in {gid}: update this test"
+        sources[gid] = sources[gid].replace(old, new)
+    module = types.ModuleType("__main__")
+    for source in (*sources.values(), extra):
+        exec(compile(source, CELL_FILE, "exec"), module.__dict__)
+    return module
+
+
+def fails(check, *args, match: str, **kwargs) -> str:
+    with pytest.raises(AssertionError) as error:
+        check(*args, **kwargs)
+    assert re.search(match, str(error.value), re.S), str(error.value)
+    return str(error.value)
+
+
+@pytest.fixture
+def quick_timeouts(monkeypatch):
+    """Code that must hang is cut after 4 s here (20 s and 30 s in the lab)."""
+    monkeypatch.setattr(lab3, "RING_TIMEOUT_S", 4.0)
+    monkeypatch.setattr(lab3_ddp, "DDP_TIMEOUT_S", 4.0)
+    import gpulab.checks.lab3_buckets as buckets
+
+    monkeypatch.setattr(buckets, "DDP_TIMEOUT_S", 4.0)
+
+
+# ----------------------------------------------------------------------------- Part 1
+
+
+def test_the_solutions_ring_passes_the_visible_and_the_hidden_tests():
+    ring = notebook().ring_all_reduce
+    check_ring_all_reduce(ring, world_sizes=(2, 3), sizes=(7, 1000))
+    check_ring_all_reduce(ring, **HIDDEN_RING)
+
+
+EXCHANGE = ("        ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, recv, "
+            "left)]\n        for request in dist.batch_isend_irecv(ops):\n"
+            "            request.wait()\n")
+ALL_GATHER = '''    for s in range(p - 1):  # all-gather: pass the finished chunks on, overwriting
+        exchange(chunks[(rank - s + 1) % p], chunks[(rank - s) % p])
+'''
+WRONG_RINGS = {
+    "averages": ([("ring_all_reduce", "    return tensor\n",
+                   "    return tensor.div_(p) if op == 'sum' else tensor\n")], {},
+                 r"rank 0 holds the mean over the 2 ranks, not the sum"),
+    "no_all_gather": ([("ring_all_reduce", ALL_GATHER, "")], {},
+                      r"rank 0's value alone\. Only chunk 1 is complete: the reduce-scatter works, "
+                      r"and the all-gather is missing"),
+    "adds_everything": ([("ring_all_reduce", "combine = torch.add if op == \"sum\" else "
+                          "torch.maximum", "combine = torch.add")], {"sizes": (7,)},
+                        r"op='max'.*holds the sum; for op='max', combine .* by torch\.maximum"),
+    "wrong_chunk_sent": ([("ring_all_reduce", "exchange(chunks[(rank - s) % p], arrived)",
+                           "exchange(chunks[(rank - s - 1) % p], arrived)")],
+                         {"world_sizes": (3,), "sizes": (9,)},
+                         r"on rank \d, element \d+ \(in chunk \d, elements \d\.\.\d\) is \d+, "
+                         r"expected \d+.*Check which chunk each step sends and receives"),
+    "reshape_copies": ([("ring_all_reduce", "flat = tensor.contiguous().view(-1)",
+                         "flat = tensor.reshape(-1)"),
+                        ("ring_all_reduce", "    if not tensor.is_contiguous():  # flat was a "
+                         "copy\n        tensor.copy_(flat.view_as(tensor))\n", "")],
+                       {"sizes": (), "transposed": True},
+                       r"the tensor passed in is unchanged on rank 0.*transposed view, not "
+                       r"contiguous: tensor\.reshape\(-1\) and tensor\.flatten\(\) copy it"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_RINGS)
+def test_a_wrong_ring_fails_with_its_message(name):
+    changes, kwargs, match = WRONG_RINGS[name]
+    fails(check_ring_all_reduce, notebook(changes).ring_all_reduce,
+          **{"world_sizes": (2,), **kwargs}, match=match)
+
+
+def test_a_ring_of_blocking_sends_deadlocks_and_is_stopped_with_where_it_waited(quick_timeouts):
+    ring = notebook([("ring_all_reduce", EXCHANGE, "        dist.send(send, right)\n"
+                      "        dist.recv(recv, left)\n")]).ring_all_reduce
+    text = fails(check_ring_all_reduce, ring, world_sizes=(3,),
+                 match=r"did not finish within 4 s.*rank 0: waiting in send to rank 1.*"
+                       r"deadlocks: gloo's send waits until the neighbour posts the matching "
+                       r"receive.*batch_isend_irecv")
+    assert "in your code" in text and CELL_FILE in text, "the learner's line is shown"
+
+
+def test_a_rank_that_skips_its_part_is_stopped_and_named(quick_timeouts):
+    ring = notebook(extra='''
+_ring = ring_all_reduce
+
+
+def ring_all_reduce(tensor, op="sum"):
+    if dist.get_rank() == 1:
+        return tensor  # skips the ring: its neighbours wait for its messages
+    return _ring(tensor, op)
+''').ring_all_reduce
+    fails(check_ring_all_reduce, ring, world_sizes=(2,), sizes=(7,),
+          match=r"did not finish within 4 s.*rank 0: running.*rank 1: finished.*A rank that "
+                r"waits forever is waiting for a message its neighbour never sent")
+
+
+def test_collectives_and_gpulabs_ring_earn_nothing():
+    fails(check_ring_all_reduce, gpulab_ring_all_reduce, match=r"is gpulab's "
+          r"gpulab\.distributed\.allreduce\.ring_all_reduce: write your own")
+    uses = notebook(extra='''
+def ring_all_reduce(tensor, op="sum"):
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return tensor
+''').ring_all_reduce
+    fails(check_ring_all_reduce, uses, world_sizes=(2,), sizes=(7,),
+          match=r"called dist\.all_reduce on rank 0: build the ring from point-to-point")
+    wraps = notebook(extra='''
+from gpulab.distributed import ring_all_reduce as library_ring
+
+
+def ring_all_reduce(tensor, op="sum"):
+    return library_ring(tensor)
+''').ring_all_reduce
+    fails(check_ring_all_reduce, wraps, world_sizes=(2,), sizes=(7,),
+          match=r"ran gpulab's own code \(allreduce\.py: ring_all_reduce\) on rank 0")
+
+
+def test_a_stub_says_what_to_replace():
+    stub = notebook(extra="def ring_all_reduce(tensor, op='sum'):\n    raise "
+                          "NotImplementedError()").ring_all_reduce
+    fails(check_ring_all_reduce, stub, world_sizes=(2,), sizes=(7,),
+          match=r"raised NotImplementedError on rank \d\nReplace `raise NotImplementedError\(\)`")
+
+
+def test_learner_frames_keep_the_notebooks_lines_only():
+    text = '''Traceback (most recent call last):
+  File "/work/gpulab/checks/lab3_ranks.py", line 40, in ring_rank
+    returned = ring_all_reduce(x, case["op"])
+  File "/tmp/ipykernel_7/123.py", line 9, in ring_all_reduce
+    dist.send(send, right)
+  File "/x/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81, in wrapper
+    return func(*args, **kwargs)
+RuntimeError: boom'''
+    frames = learner_frames(text.replace("/work/gpulab", str(lab3.LIBRARY_DIR)))
+    assert frames == ('  File "/tmp/ipykernel_7/123.py", line 9, in ring_all_reduce\n'
+                      "    dist.send(send, right)")
+
+
+# ----------------------------------------------------------------------------- Part 2
+
+
+def test_the_solutions_simple_ddp_passes_on_2_and_3_ranks():
+    check_simple_ddp(notebook().SimpleDDP, world_sizes=(2, 3))
+
+
+BROADCAST = ("        for p in module.parameters():  # every rank calls it: rank 0 sends, the "
+             "others receive\n            dist.broadcast(p.data, src=0)\n")
+WRONG_SIMPLE = {
+    "undivided": ([("simple_ddp", "            p.grad /= world_size  # the mean: the whole "
+                    "batch's gradient\n", "")],
+                  r"step 0, rank 0: the gradients are 2 times too big: they are the sum over the "
+                  r"ranks\. Divide by the world size \(2\)"),
+    "no_broadcast": ([("simple_ddp", BROADCAST, "")],
+                     r"rank 1 still holds its own random initial parameters.*dist\.broadcast\("
+                     r"p\.data, src=0\)"),
+    "averaged_start": ([("simple_ddp", BROADCAST, "        for p in module.parameters():\n"
+                         "            dist.all_reduce(p.data)\n"
+                         "            p.data /= dist.get_world_size()\n")],
+                       r"start from the mean of their initial parameters: copy rank 0's"),
+    "never_all_reduced": ([("simple_ddp", "            dist.all_reduce(p.grad)  # the sum over "
+                            "the ranks\n", "")],
+                          r"the gradients are this rank's own \(those of its shard alone"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_SIMPLE)
+def test_a_wrong_simple_ddp_fails_with_its_message(name):
+    changes, match = WRONG_SIMPLE[name]
+    fails(check_simple_ddp, notebook(changes).SimpleDDP, match=match)
+
+
+def test_borrowed_wrappers_earn_nothing():
+    fails(require_own_class, MLP, "SimpleDDP", match=r"is \(or extends\) gpulab's "
+          r"gpulab\.models\.MLP")
+    fails(require_own_class, type("SimpleDDP", (torch.nn.parallel.DistributedDataParallel,), {}),
+          "SimpleDDP", match=r"extends torch's DistributedDataParallel")
+    fails(check_simple_ddp, lambda module: module, match=r"SimpleDDP is not a class")
+
+
+# ----------------------------------------------------------------------------- Part 3
+
+
+def test_the_solutions_fast_ddp_passes_the_visible_and_the_hidden_tests():
+    nb = notebook()
+    check_fast_ddp(nb.FastDDP, nb.make_buckets, world_size=2)
+    check_fast_ddp(nb.FastDDP, nb.make_buckets, world_size=3,
+                   cases=("uneven", "one_bucket", "unused", "unused_some"), seed=4)
+
+
+def test_reference_buckets_follow_the_spec():
+    assert reference_buckets([192, 16, 256, 16, 80, 5], 300) == [[5, 4, 3], [2, 1], [0]]
+    assert reference_buckets([192, 16, 256, 16, 80, 5], 100) == [[5, 4], [3], [2], [1], [0]]
+    assert reference_buckets([3, 50, 3, 3], 10) == [[3, 2], [1], [0]]
+    assert reference_buckets([4], 1) == [[0]]
+
+
+WRONG_MAKE_BUCKETS = {
+    "first_first": ("def make_buckets(numels, bucket_numel):\n    out, size = [[]], 0\n"
+                    "    for i, n in enumerate(numels):\n"
+                    "        if out[-1] and size + n > bucket_numel:\n"
+                    "            out.append([])\n            size = 0\n"
+                    "        out[-1].append(i)\n        size += n\n    return out",
+                    r"Buckets hold the parameters last first"),
+    "over_the_cap": ("def make_buckets(numels, bucket_numel):\n"
+                     "    return [list(reversed(range(len(numels))))]",
+                     r"A bucket holds more than bucket_numel elements"),
+    "one_each": ("def make_buckets(numels, bucket_numel):\n"
+                 "    return [[i] for i in reversed(range(len(numels)))]",
+                 r"Fill each bucket up to bucket_numel"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_MAKE_BUCKETS)
+def test_wrong_buckets_are_named_without_processes(name):
+    code, match = WRONG_MAKE_BUCKETS[name]
+    fails(check_make_buckets, notebook(extra=code).make_buckets, match=match)
+
+
+LAUNCH_FROM_HOOK = "        self._launch_in_order(backward_done=False)\n"
+OUT_OF_ORDER = '''
+class FastDDP(FastDDP):
+    """Launches each bucket as soon as it is full, in whatever order they fill."""
+
+    def _launch_in_order(self, backward_done):
+        if not hasattr(self, "early"):
+            self.early = {}
+        for i, bucket in enumerate(self.buckets):
+            if i not in self.early and (backward_done or self.ready[i] == len(bucket)):
+                self.early[i] = dist.all_reduce(self.buffers[i], async_op=True)
+        if backward_done:
+            self.handles = [self.early[i] for i in range(len(self.buckets))]
+            self.early = {}
+'''
+WRONG_FAST = {
+    "no_overlap": ([("fast_ddp", LAUNCH_FROM_HOOK, "")], "", {},
+                   r"step 0: every bucket was all-reduced in finish_gradient_sync, after "
+                   r"backward had finished: nothing overlapped"),
+    "never_waits": ([("fast_ddp", "            handle.wait()  # until now the buffer may hold "
+                      "a partial sum\n", "")], "", {},
+                    r"returned without waiting for 3 of the 3 all-reduce handles"),
+    "blocks_in_hook": ([("fast_ddp", "dist.all_reduce(self.buffers[i], async_op=True)",
+                         "dist.all_reduce(self.buffers[i]) or types.SimpleNamespace("
+                         "wait=lambda: None)")], "import types", {},
+                       r"an all-reduce launched during backward was blocking \(async_op=False\)"),
+    "out_of_order": ([], OUT_OF_ORDER, {"cases": ("unused_some",)},
+                     r"The ranks' collectives differ: call \d+ is all_reduce of 90 elements .*"
+                     r"on rank 0, but all_reduce of 96 elements .* launch bucket i only after"),
+    "unused_never_sent": ([("fast_ddp", "        self._launch_in_order(backward_done=True)  # "
+                            "missing gradients: the zeros in the buffer\n", "")], "",
+                          {"cases": ("unused",)},
+                          r"FastDDP \(a model with an unused branch.*all-reduced tensors of "
+                          r"\[\] elements; the buckets hold \[90, 96, 192\]"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_FAST)
+def test_a_wrong_fast_ddp_fails_with_its_message(name):
+    changes, extra, kwargs, match = WRONG_FAST[name]
+    nb = notebook(changes, extra)
+    fails(check_fast_ddp, nb.FastDDP, nb.make_buckets, **kwargs, match=match)
+
+
+def test_a_broadcast_on_rank_0_only_hangs_and_is_explained(quick_timeouts):
+    nb = notebook([("fast_ddp", "        for p in module.parameters():\n"
+                    "            dist.broadcast(p.data, src=0)\n",
+                    "        for p in module.parameters():\n"
+                    "            if dist.get_rank() == 0:\n"
+                    "                dist.broadcast(p.data, src=0)\n")])
+    fails(check_fast_ddp, nb.FastDDP, nb.make_buckets,
+          match=r"did not finish within 4 s.*rank 0: waiting in broadcast.*call 1 is broadcast "
+                r"of 192 elements in __init__ on rank 0, but all_reduce of 101 elements.*not "
+                r"under `if rank == 0`")
+
+
+# ----------------------------------------------------------------------------- Part 4
+
+
+def test_the_solutions_train_ddp_passes_the_visible_and_the_hidden_tests():
+    train_ddp = notebook().train_ddp
+    check_train_ddp(train_ddp, world_sizes=(2, 4))
+    check_train_ddp(train_ddp, world_sizes=(3,), epochs=3, global_batch_size=24, seed=5)
+
+
+SET_EPOCH = "        sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank\n"
+WRONG_TRAIN = {
+    "no_set_epoch": ([("train_ddp", SET_EPOCH, "")], {},
+                     r"Every epoch went through the data in the same order: call "
+                     r"sampler\.set_epoch\(epoch\)"),
+    "no_seed": ([("train_ddp", "shuffle=True,\n                                 seed=seed)",
+                  "shuffle=True)")], {"world_sizes": (2,), "seed": 5},
+                r"The shuffle ignored `seed`: pass it on"),
+    "global_batch_per_rank": ([("train_ddp", "batch_size=global_batch_size // world_size",
+                                "batch_size=global_batch_size")], {},
+                              r"rank 0: its batches had \[32\] examples.*batch_size = "
+                              r"global_batch_size // world_size = 16"),
+    "no_sampler": ([("train_ddp", "sampler=sampler)", "shuffle=True)"),
+                    ("train_ddp", SET_EPOCH, "")], {},
+                   r"rank 0 ran 24 steps; 2 epochs of 192 examples in global batches of 32 are "
+                   r"12\. Each rank must see only its 1/2 of the data"),
+    "no_finish": ([("train_ddp", "            ddp.finish_gradient_sync()  # the mean gradient, "
+                    "before the step\n", "")], {},
+                  r"called finish_gradient_sync 0 times in 12 steps"),
+    "step_first": ([("train_ddp", "            ddp.finish_gradient_sync()  # the mean gradient, "
+                     "before the step\n            optimizer.step()\n",
+                     "            optimizer.step()\n            ddp.finish_gradient_sync()\n")],
+                   {}, r"optimizer\.step\(\) must come after finish_gradient_sync"),
+    "own_wrapper": ([("train_ddp", "ddp = ddp_class(model)", "ddp = FastDDP(model)")], {},
+                    r"never built the wrapper it was given: wrap the model with ddp = "
+                    r"ddp_class\(model\)"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_TRAIN)
+def test_a_wrong_training_loop_fails_with_its_message(name):
+    changes, kwargs, match = WRONG_TRAIN[name]
+    fails(check_train_ddp, notebook(changes).train_ddp, **{"world_sizes": (2,), **kwargs},
+          match=match)
