@@ -63,6 +63,12 @@ def points_of(nb: NotebookNode) -> dict[str, float]:
     }
 
 
+def error_of(cell: NotebookNode):
+    """The one error output of a graded cell."""
+    (error,) = [out for out in cell.outputs if out.output_type == "error"]
+    return error
+
+
 def page_text(page: str) -> str:
     """An HTML page as a reader sees it: tags gone, entities decoded, so that a hidden line
     split into syntax-highlighting spans is still found whole."""
@@ -93,6 +99,16 @@ class Lab:
 
     def released(self) -> NotebookNode:
         return read(self.release_path)
+
+    def check_points(self, points: dict[str, float], full_marks: float) -> None:
+        """The test cells of the solution and of the release carry `points`, which sum to
+        `full_marks`, and the introduction's table of parts gives them in the same order."""
+        assert points_of(self.solution()) == points
+        stale = "labs/ is out of step: run `autograder release`"
+        assert points_of(self.released()) == points, stale
+        assert sum(points.values()) == full_marks
+        table = re.findall(r"^\| \d \| .* \| (\d+) \|$", self.solution().cells[0].source, re.M)
+        assert [int(p) for p in table] == list(points.values()), "the introduction's table"
 
     def with_mistake(self, mistake: Mistake, nb: NotebookNode | None = None) -> NotebookNode:
         """The solution (or `nb`) with `mistake` made in its answer cell."""

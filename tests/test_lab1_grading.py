@@ -26,7 +26,6 @@ from lab1_submissions import (
     hand_in,
     hidden_test_lines,
     page_text,
-    points_of,
     released,
     solution,
     with_mistake,
@@ -122,9 +121,7 @@ def feedback_text(graded: Graded, student: str) -> tuple[str, str]:
 
 
 def test_the_lab_states_its_points_in_its_test_cells():
-    assert points_of(solution()) == POINTS
-    assert points_of(released()) == POINTS, "labs/ is out of step: run `autograder release`"
-    assert sum(POINTS.values()) == FULL_MARKS
+    LAB1.check_points(POINTS, FULL_MARKS)
 
 
 def test_every_mistake_breaks_one_part_of_the_current_solution():

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lab_submissions import Lab, Mistake, grade_id, page_text, points_of, read
-from nbformat.notebooknode import NotebookNode
+from lab_submissions import Lab, Mistake, error_of, grade_id, page_text, read
 
 from autograder.course import Course, repository_root
 from autograder.feedback import generate_feedback
@@ -111,20 +110,11 @@ def graded(tmp_path_factory) -> Graded:
     return Graded(scores, tests, feedback)
 
 
-def error_of(cell: NotebookNode):
-    (error,) = [out for out in cell.outputs if out.output_type == "error"]
-    return error
-
-
 # ----------------------------------------------------------------------------- the lab itself
 
 
 def test_the_lab_states_its_points_in_its_test_cells():
-    assert points_of(solution()) == POINTS
-    assert points_of(released()) == POINTS, "labs/ is out of step: run `autograder release`"
-    assert sum(POINTS.values()) == FULL_MARKS
-    table = re.findall(r"^\| \d \| .* \| (\d+) \|$", solution().cells[0].source, re.M)
-    assert [int(p) for p in table] == list(POINTS.values()), "the introduction's table"
+    LAB2.check_points(POINTS, FULL_MARKS)
 
 
 def test_every_mistake_breaks_one_answer_cell_of_the_current_solution():

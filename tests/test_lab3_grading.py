@@ -22,8 +22,7 @@ import psutil
 import pytest
 from hostile import check_outcome, hand_in_all
 from hostile.cases import LAB3, LAB3_ORPHAN_MARKER
-from lab_submissions import Lab, Mistake, grade_id, page_text, points_of, read
-from nbformat.notebooknode import NotebookNode
+from lab_submissions import Lab, Mistake, error_of, grade_id, page_text, read
 
 from autograder.course import Course, repository_root
 from autograder.feedback import generate_feedback
@@ -129,20 +128,11 @@ def graded(tmp_path_factory) -> Graded:
     return Graded({r.student_id: r for r in results}, scores, tests, feedback, left_behind)
 
 
-def error_of(cell: NotebookNode):
-    (error,) = [out for out in cell.outputs if out.output_type == "error"]
-    return error
-
-
 # ----------------------------------------------------------------------------- the lab itself
 
 
 def test_the_lab_states_its_points_in_its_test_cells():
-    assert points_of(solution()) == POINTS
-    assert points_of(released()) == POINTS, "labs/ is out of step: run `autograder release`"
-    assert sum(POINTS.values()) == FULL_MARKS
-    table = re.findall(r"^\| \d \| .* \| (\d+) \|$", solution().cells[0].source, re.M)
-    assert [int(p) for p in table] == list(POINTS.values()), "the introduction's table"
+    LAB3_SUB.check_points(POINTS, FULL_MARKS)
 
 
 def test_every_mistake_breaks_one_answer_cell_of_the_current_solution():
