@@ -10,6 +10,10 @@ cost_model.py    the alpha-beta model, algbw/busbw as nccl-tests reports them, f
 errors.py        RankError, LaunchTimeout, ProcessGroupStartError
 data_parallel.py NaiveDDP, BucketedDDP, OverlappedDDP: DDP from scratch (buckets, overlap, no_sync)
 zero.py          ZeroOneOptimizer (ZeRO-1), bytes per rank, the ZeRO paper's table, vs FSDP2
+groups.py        RankGrid: the (dp, pp, tp) rank layout (Megatron's), new_groups, device_mesh
+schedule.py      GPipe, 1F1B and interleaved 1F1B laid out in time: bubble, activations in flight
+schedule_rules.py  check_schedule: a pipeline order against the rules, with messages that teach
+schedule_draw.py draw_schedule: the picture of a schedule
 
 Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model) and
 lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero)
@@ -29,7 +33,29 @@ from gpulab.distributed.errors import (
     ProcessGroupStartError,
     RankError,
 )
+from gpulab.distributed.groups import (
+    GridCoords,
+    ParallelGroups,
+    RankGrid,
+    device_mesh,
+    new_groups,
+)
 from gpulab.distributed.launch import Launcher, run_on_ranks
+from gpulab.distributed.schedule import (
+    Action,
+    Schedule,
+    bubble_fraction_theory,
+    bubble_ratio_theory,
+    gpipe_order,
+    interleaved_order,
+    one_f_one_b_order,
+    schedule_1f1b,
+    schedule_gpipe,
+    schedule_interleaved_1f1b,
+    simulate_schedule,
+)
+from gpulab.distributed.schedule_draw import draw_schedule
+from gpulab.distributed.schedule_rules import ScheduleError, check_schedule
 from gpulab.distributed.torchrun import TorchrunResult, torchrun_script
 from gpulab.distributed.zero import (
     MemoryRow,
@@ -51,4 +77,8 @@ __all__ = [
     "format_memory_table", "memory_per_rank", "optimizer_state_bytes", "partition_parameters",
     "rank_memory", "ring_all_reduce", "run_on_ranks", "torchrun_script", "tree_all_reduce",
     "zero_memory_table",
+    "Action", "GridCoords", "ParallelGroups", "RankGrid", "Schedule", "ScheduleError",
+    "bubble_fraction_theory", "bubble_ratio_theory", "check_schedule", "device_mesh",
+    "draw_schedule", "gpipe_order", "interleaved_order", "new_groups", "one_f_one_b_order",
+    "schedule_1f1b", "schedule_gpipe", "schedule_interleaved_1f1b", "simulate_schedule",
 ]
