@@ -10,23 +10,20 @@ points, and its feedback must show the checker's teaching message and no hidden 
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-from lab_submissions import Lab, Mistake, error_of, grade_id, page_text, read
-
-from autograder.course import Course, repository_root
-from autograder.feedback import generate_feedback
-from autograder.grade import grade
-from autograder.profiles import get_profile
+from lab_grading import (
+    expect_feedback_teaches,
+    expect_full_marks,
+    expect_mistake_costs_its_part,
+    expect_no_hidden_test_in_feedback,
+    expect_untouched_scores_zero,
+    grade_batch,
+)
+from lab_submissions import Lab, Mistake
 
 pytestmark = [pytest.mark.lab2, pytest.mark.slow]
 
-ROOT = repository_root()
 LAB = "lab2_amp_training"
-NOTEBOOK = f"{LAB}.ipynb"
 # The lab's parts as its introduction states them: test cell grade_id -> points.
 POINTS = {
     "test_to_device": 2,
@@ -36,7 +33,6 @@ POINTS = {
     "test_memorize": 2,
 }
 FULL_MARKS = 15
-STUB_HINT = "Replace `raise NotImplementedError()` with your code."
 
 
 MISTAKES = (
@@ -68,46 +64,11 @@ MISTAKES = (
 
 
 LAB2 = Lab(LAB)
-solution, released, with_mistake = LAB2.solution, LAB2.released, LAB2.with_mistake
-hand_in, hidden_test_lines = LAB2.hand_in, LAB2.hidden_test_lines
-
-
-# ----------------------------------------------------------------------------- one batch
-
-
-@dataclass(frozen=True)
-class Graded:
-    scores: dict  # student -> {test grade_id: points}
-    tests: dict  # student -> {test grade_id: the autograded test cell}
-    feedback: dict  # student -> (the HTML page, its text)
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory) -> Graded:
-    tmp = tmp_path_factory.mktemp("lab2")
-    subs = tmp / "submissions"
-    hand_in(subs, "solution", solution())
-    hand_in(subs, "untouched", released())
-    for mistake in MISTAKES:
-        hand_in(subs, mistake.student_id, with_mistake(mistake))
-
-    course = Course.at(ROOT, tmp / "grading")
-    results = grade(course, LAB, subs, get_profile("cpu"), progress=False, jobs=2)
-    errors = {r.student_id: r.error for r in results if not r.ok}
-    assert not errors, f"the grader failed on: {errors}"
-    pages = generate_feedback(course, LAB)
-
-    scores, tests = {}, {}
-    for result in results:
-        scores[result.student_id] = {c.grade_id: c.auto_score for c in result.scores}
-        nb = read(Path(result.autograded) / NOTEBOOK)
-        tests[result.student_id] = {grade_id(c): c for c in nb.cells if grade_id(c) in POINTS}
-    feedback = {}
-    for page in pages:
-        student = page.relative_to(course.grading / "feedback").parts[0]
-        source = page.read_text()
-        feedback[student] = (source, page_text(source))
-    return Graded(scores, tests, feedback)
+def graded(tmp_path_factory):
+    return grade_batch(LAB2, MISTAKES, tmp_path_factory.mktemp("lab2"), POINTS)
 
 
 # ----------------------------------------------------------------------------- the lab itself
@@ -126,25 +87,16 @@ def test_every_mistake_breaks_one_answer_cell_of_the_current_solution():
 
 
 def test_the_solution_gets_full_marks(graded):
-    assert graded.scores["solution"] == POINTS
+    expect_full_marks(graded, POINTS)
 
 
 def test_the_untouched_release_gets_zero_and_says_what_to_replace(graded):
-    assert graded.scores["untouched"] == dict.fromkeys(POINTS, 0.0)
-    for grade_id_, cell in graded.tests["untouched"].items():
-        error = error_of(cell)
-        assert error.ename == "AssertionError", grade_id_
-        assert "raised NotImplementedError" in error.evalue and STUB_HINT in error.evalue
+    expect_untouched_scores_zero(graded, POINTS)
 
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: m.student_id)
 def test_a_mistake_costs_exactly_the_points_of_its_part(graded, mistake):
-    want = {test: 0.0 if test == mistake.test else float(points)
-            for test, points in POINTS.items()}
-    assert graded.scores[mistake.student_id] == want
-    error = error_of(graded.tests[mistake.student_id][mistake.test])
-    assert error.ename == "AssertionError"
-    assert re.search(mistake.teaching, error.evalue, re.S), error.evalue
+    expect_mistake_costs_its_part(graded, POINTS, mistake)
 
 
 # ----------------------------------------------------------------------------- feedback
@@ -152,17 +104,8 @@ def test_a_mistake_costs_exactly_the_points_of_its_part(graded, mistake):
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: m.student_id)
 def test_feedback_teaches_the_mistake(graded, mistake):
-    _, text = graded.feedback[mistake.student_id]
-    assert re.search(mistake.teaching, text, re.S), f"{mistake.student_id}: no teaching"
-    _, control = graded.feedback["solution"]  # the message comes from the failed test
-    assert not re.search(mistake.teaching, control, re.S)
+    expect_feedback_teaches(graded, mistake)
 
 
 def test_no_feedback_page_shows_a_hidden_test(graded):
-    hidden = hidden_test_lines()
-    assert len(hidden) >= 8, "the lab's hidden tests were not found"
-    assert set(graded.feedback) == {"solution", "untouched", *(m.student_id for m in MISTAKES)}
-    for student, (page, text) in graded.feedback.items():
-        assert "HIDDEN TESTS" not in page, student
-        for line in hidden:
-            assert line not in text, f"{student}'s feedback shows the hidden test {line!r}"
+    expect_no_hidden_test_in_feedback(graded, LAB2, at_least=8)
