@@ -14,6 +14,11 @@ groups.py        RankGrid: the (dp, pp, tp) rank layout (Megatron's), new_groups
 schedule.py      GPipe, 1F1B and interleaved 1F1B laid out in time: bubble, activations in flight
 schedule_rules.py  check_schedule: a pipeline order against the rules, with messages that teach
 schedule_draw.py draw_schedule: the picture of a schedule
+tensor_parallel.py  Megatron-LM's f/g ops (and sequence parallelism's g, g-bar), Column- and
+                 RowParallelLinear, built from an nn.Linear
+tp_transformer.py   TPBlock: MLP and attention (by heads) split over TP ranks, optionally
+                 sequence-parallel; tp_block_from, apply_tensor_parallel, tp_layer_comm (bytes)
+tp_dtensor.py    the same Block through DTensor: block_tp_plan, parallelize_block
 
 Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model) and
 lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero)
@@ -56,7 +61,30 @@ from gpulab.distributed.schedule import (
 )
 from gpulab.distributed.schedule_draw import draw_schedule
 from gpulab.distributed.schedule_rules import ScheduleError, check_schedule
+from gpulab.distributed.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    copy_to_tp,
+    gather_from_sequence,
+    gather_from_tp,
+    reduce_from_tp,
+    reduce_scatter_to_sequence,
+    scatter_to_sequence,
+    split_to_tp,
+    sync_sequence_parallel_grads,
+)
 from gpulab.distributed.torchrun import TorchrunResult, torchrun_script
+from gpulab.distributed.tp_dtensor import block_tp_plan, parallelize_block
+from gpulab.distributed.tp_transformer import (
+    LayerComm,
+    TPBlock,
+    TPCausalSelfAttention,
+    TPFeedForward,
+    apply_tensor_parallel,
+    count_collectives,
+    tp_block_from,
+    tp_layer_comm,
+)
 from gpulab.distributed.zero import (
     MemoryRow,
     StrategyComparison,
@@ -81,4 +109,9 @@ __all__ = [
     "bubble_fraction_theory", "bubble_ratio_theory", "check_schedule", "device_mesh",
     "draw_schedule", "gpipe_order", "interleaved_order", "new_groups", "one_f_one_b_order",
     "schedule_1f1b", "schedule_gpipe", "schedule_interleaved_1f1b", "simulate_schedule",
+    "ColumnParallelLinear", "LayerComm", "RowParallelLinear", "TPBlock", "TPCausalSelfAttention",
+    "TPFeedForward", "apply_tensor_parallel", "block_tp_plan", "copy_to_tp", "count_collectives",
+    "gather_from_sequence", "gather_from_tp", "parallelize_block", "reduce_from_tp",
+    "reduce_scatter_to_sequence", "scatter_to_sequence", "split_to_tp",
+    "sync_sequence_parallel_grads", "tp_block_from", "tp_layer_comm",
 ]
