@@ -279,3 +279,13 @@ def test_copy_if_needed_ops_move_data_only_when_something_below_copies():
     assert not moves_data("aten::t", ["aten::transpose", "aten::as_strided"])
     assert moves_data("aten::mul", [])
     assert op_dtype(["long int", "c10::BFloat16"]) == "bf16" and op_dtype(["long int"]) == "fp32"
+
+
+def test_busy_time_counts_only_what_falls_inside_the_step():
+    from gpulab.profiling.trace import busy_seconds
+
+    step = Span("step", 1.0, 2.0)
+    inside, overlapping, after, before = (1.2, 1.4), (1.3, 1.5), (2.5, 3.0), (0.0, 0.5)
+    assert busy_seconds([inside, overlapping, after, before], step) == pytest.approx(0.3)
+    assert busy_seconds([after], step) == 0.0 and busy_seconds([before], step) == 0.0
+    assert busy_seconds([(0.5, 2.5)], step) == pytest.approx(1.0)

@@ -134,7 +134,7 @@ def busy_seconds(intervals, window: Span) -> float:
     clipped = sorted((max(a, window.start_s), min(b, window.end_s)) for a, b in intervals)
     covered, reach = 0.0, window.start_s
     for a, b in clipped:
-        if b <= reach:
+        if b <= reach or b <= a:  # already counted, or wholly outside the window
             continue
         covered += b - max(a, reach)
         reach = b
