@@ -12,15 +12,28 @@ result.py   ProfileResult, Phases, OpStat: the step breakdown and the top ops
 regime.py   Regime and classify: the step against the machine's roofline
 trace.py    the profiler's events as plain records (Span, OpCall)
 traffic.py  bytes each op moves, estimated from its shapes and dtypes
+reports.py  Nsight Systems / Nsight Compute reports as records, and the shipped examples
 
 Taught in: lessons/08_profiling_and_optimization.ipynb, Lab 4 (speed up a slow pipeline)
 """
 
 from gpulab.profiling.regime import BUSY_MIN, OP_OVERHEAD_S, SOL_MIN, Regime, classify
+from gpulab.profiling.reports import (
+    NcuKernel,
+    NsysRow,
+    example_report,
+    example_reports,
+    read_ncu_report,
+    read_nsys_api_summary,
+    read_nsys_kernel_summary,
+)
 from gpulab.profiling.result import OpStat, Phases, ProfileResult
 from gpulab.profiling.steps import labelled_training_step, phase, profile_steps
 from gpulab.profiling.trace import PHASES, OpCall, Span
 
 __all__ = ["BUSY_MIN", "OP_OVERHEAD_S", "PHASES", "SOL_MIN", "OpCall", "OpStat", "Phases",
            "ProfileResult", "Regime", "Span", "classify", "labelled_training_step", "phase",
-           "profile_steps"]
+           "profile_steps",
+           # reports.py
+           "NcuKernel", "NsysRow", "example_report", "example_reports", "read_ncu_report",
+           "read_nsys_api_summary", "read_nsys_kernel_summary"]
