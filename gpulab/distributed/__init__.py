@@ -19,6 +19,11 @@ tensor_parallel.py  Megatron-LM's f/g ops (and sequence parallelism's g, g-bar),
 tp_transformer.py   TPBlock: MLP and attention (by heads) split over TP ranks, optionally
                  sequence-parallel; tp_block_from, apply_tensor_parallel, tp_layer_comm (bytes)
 tp_dtensor.py    the same Block through DTensor: block_tp_plan, parallelize_block
+pipeline_split.py  split_gpt: a GPT as stages (embedding + Blocks, Blocks, Blocks + head), GPTStage
+pipeline.py      PipelineStage, run_pipeline: any schedule order (GPipe, 1F1B) run for real over
+                 isend/irecv; PipelineResult (losses, timings, peak held), measured_schedule
+pipeline_torch.py  torch_pipeline: the same through torch.distributed.pipelining (ScheduleGPipe,
+                 Schedule1F1B)
 
 Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model) and
 lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero)
@@ -46,6 +51,17 @@ from gpulab.distributed.groups import (
     new_groups,
 )
 from gpulab.distributed.launch import Launcher, run_on_ranks
+from gpulab.distributed.pipeline import (
+    ActionTiming,
+    GPTStage,
+    PipelineResult,
+    PipelineStage,
+    measured_schedule,
+    run_pipeline,
+    split_gpt,
+    stage_layers,
+)
+from gpulab.distributed.pipeline_torch import TorchPipeline, torch_pipeline
 from gpulab.distributed.schedule import (
     Action,
     Schedule,
@@ -114,4 +130,6 @@ __all__ = [
     "gather_from_sequence", "gather_from_tp", "parallelize_block", "reduce_from_tp",
     "reduce_scatter_to_sequence", "scatter_to_sequence", "split_to_tp",
     "sync_sequence_parallel_grads", "tp_block_from", "tp_layer_comm",
+    "ActionTiming", "GPTStage", "PipelineResult", "PipelineStage", "TorchPipeline",
+    "measured_schedule", "run_pipeline", "split_gpt", "stage_layers", "torch_pipeline",
 ]
