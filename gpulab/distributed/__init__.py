@@ -24,12 +24,19 @@ pipeline.py      PipelineStage, run_pipeline: any schedule order (GPipe, 1F1B) r
                  isend/irecv; PipelineResult (losses, timings, peak held), measured_schedule
 pipeline_torch.py  torch_pipeline: the same through torch.distributed.pipelining (ScheduleGPipe,
                  Schedule1F1B)
+cluster.py       LocalCluster: N nodes x M processes on this machine, torchrun + c10d rendezvous,
+                 each node in its own network namespace where allowed (netns.py); what a run
+                 left behind: ClusterResult (cluster_result.py)
+cluster_train.py TRAIN_SCRIPT: DDP training that checkpoints, resumes, survives a killed worker
+job_templates.py JobSpec, rendered as a SLURM sbatch script and a Kubeflow PyTorchJob
 
 Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model) and
 lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero)
 """
 
 from gpulab.distributed.allreduce import ring_all_reduce, tree_all_reduce
+from gpulab.distributed.cluster import ClusterResult, LocalCluster, NodeResult
+from gpulab.distributed.cluster_train import TRAIN_SCRIPT
 from gpulab.distributed.data_parallel import (
     BucketedDDP,
     NaiveDDP,
@@ -50,7 +57,9 @@ from gpulab.distributed.groups import (
     device_mesh,
     new_groups,
 )
+from gpulab.distributed.job_templates import JobSpec, pytorchjob, render_pytorchjob, render_sbatch
 from gpulab.distributed.launch import Launcher, run_on_ranks
+from gpulab.distributed.netns import InterfaceBytes, NetnsError
 from gpulab.distributed.pipeline import (
     ActionTiming,
     GPTStage,
@@ -132,4 +141,6 @@ __all__ = [
     "sync_sequence_parallel_grads", "tp_block_from", "tp_layer_comm",
     "ActionTiming", "GPTStage", "PipelineResult", "PipelineStage", "TorchPipeline",
     "measured_schedule", "run_pipeline", "split_gpt", "stage_layers", "torch_pipeline",
+    "ClusterResult", "InterfaceBytes", "JobSpec", "LocalCluster", "NetnsError", "NodeResult",
+    "TRAIN_SCRIPT", "pytorchjob", "render_pytorchjob", "render_sbatch",
 ]

@@ -1,0 +1,269 @@
+"""A multi-node cluster on one machine: N nodes x M processes, started as a real cluster starts
+them, one torchrun agent per node, the nodes joined by a c10d rendezvous.
+
+    with LocalCluster(nodes=2, procs_per_node=2) as cluster:   # isolation="auto"
+        result = cluster.run("train.py", args=["--steps", "20"], timeout_s=120)
+    result.ok, result.nodes[1].stdout, result.failed_rank, result.error
+
+isolation
+  "netns"     each node in its own network namespace with its own address, the nodes joined by a
+              virtual Ethernet switch (netns.py): traffic between nodes crosses a real interface,
+              veth0, and GLOO_SOCKET_IFNAME=veth0 makes gloo use it. Needs root and `ip`.
+  "loopback"  every node on 127.0.0.1: the same torchrun commands with no network in between.
+  "auto"      netns where the machine allows it, else loopback; `cluster.note` says why.
+
+Each node runs
+    torchrun --nnodes N --nproc-per-node M --rdzv-backend c10d --rdzv-endpoint NODE0_ADDR:PORT
+             --rdzv-id ID --local-addr NODE_ADDR --max-restarts R script.py ARGS
+(inside `ip netns exec NODE_NS` when isolated). There is no --node-rank: the c10d rendezvous
+numbers the nodes itself, so global ranks need not follow LocalCluster's node order.
+--local-addr matters in a namespace: without it, torchrun would advertise the machine's
+hostname, whose address does not exist inside the namespace.
+
+run() adds what torchrun_script adds (time limits that stop whole process trees, output by node
+and rank, the failing rank's traceback) plus: a node whose agent gives up ends the run (with a
+fixed node count the others can only wait), and a start-up failure (a port taken between
+choosing and binding it, a rare gloo connection abort inside init_process_group) is retried once,
+logged to this module's logger, as run_on_ranks does. Leaving the `with` block always deletes
+the namespaces, also on an exception or Ctrl-C; entering it first deletes the namespaces that a
+killed run left behind.
+Taught in: lesson 06, model, pipeline and tensor parallelism (multi-node launch)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpulab.distributed import _procs, netns
+from gpulab.distributed.cluster_result import START_FAILURE, ClusterResult, NodeResult, diagnose
+from gpulab.distributed.errors import ProcessGroupStartError, RankError
+from gpulab.distributed.launch import _ROOT
+from gpulab.distributed.torchrun import _AGENT_BOOT, _timeout
+
+_log = logging.getLogger(__name__)
+_GIVE_UP_GRACE_S = 1.0  # after a node's agent fails: time for the others to report their own
+
+
+class LocalCluster:
+    """N nodes x M processes on this machine; use it as a context manager (see the module)."""
+
+    def __init__(self, nodes: int = 2, procs_per_node: int = 2, isolation: str = "auto", *,
+                 subnet: str = "10.213.0", start_timeout_s: float = 120.0,
+                 start_retries: int = 1, echo: bool = True):
+        if isolation not in ("auto", "netns", "loopback"):
+            raise ValueError(f"isolation must be 'auto', 'netns' or 'loopback', got {isolation!r}")
+        if nodes < 1 or procs_per_node < 1:
+            raise ValueError(f"need nodes >= 1 and procs_per_node >= 1, got {nodes}, "
+                             f"{procs_per_node}")
+        self.nodes, self.procs_per_node, self.requested = nodes, procs_per_node, isolation
+        self.subnet, self.start_timeout_s = subnet, start_timeout_s
+        self.start_retries, self.echo = start_retries, echo
+        self.isolation: str | None = None  # decided on entering: "netns" or "loopback"
+        self.note = ""  # why "auto" chose loopback, when it did
+        self.topology: netns.NetnsTopology | None = None
+        self.addresses: list[str] = []  # node i's address, once entered
+        self._open = False  # between __enter__ and __exit__
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def __enter__(self) -> LocalCluster:
+        self._start()
+        self._open = True
+        return self
+
+    def _start(self) -> None:
+        reason = netns.unavailable_reason()
+        if self.requested == "netns" and reason:
+            raise netns.NetnsError(f"isolation='netns' is not possible here: {reason}. "
+                                   "Use isolation='loopback' (or 'auto').")
+        if self.requested == "loopback" or reason:
+            return self._use_loopback(reason)
+        swept = netns.sweep_stale()
+        if swept:
+            _log.info("deleted network namespaces left by runs that died: %s", ", ".join(swept))
+        try:
+            self.topology = netns.NetnsTopology.create(self.nodes, self.subnet)
+        except netns.NetnsError as error:  # e.g. root in a container without CAP_SYS_ADMIN
+            if self.requested == "netns":
+                raise
+            return self._use_loopback(str(error))
+        self.isolation = "netns"
+        self.addresses = [node.address for node in self.topology.nodes]
+
+    def _use_loopback(self, reason: str | None) -> None:
+        self.isolation, self.addresses = "loopback", ["127.0.0.1"] * self.nodes
+        if self.requested == "auto":
+            self.note = (f"isolation='auto' chose loopback: {reason}. Every node runs on "
+                         "127.0.0.1; pass isolation='loopback' to ask for that.")
+            _log.warning(self.note)
+
+    def __exit__(self, *exc) -> None:
+        self._open = False
+        if self.topology is not None:
+            left = self.topology.destroy()
+            self.topology = None
+            if left:
+                _log.warning("could not delete network namespaces %s", left)
+
+    def traffic(self) -> list[netns.InterfaceBytes]:
+        """Each node's veth0 byte counters (netns only): what crossed the interface so far."""
+        if self.topology is None:
+            raise RuntimeError("traffic() needs isolation='netns' inside the `with` block: on "
+                               "loopback there is no interface between the nodes to count.")
+        return self.topology.traffic()
+
+    def run(self, script, args: Sequence[str] = (), env: dict[str, str] | None = None, *,
+            timeout_s: float | None = 120.0, max_restarts: int = 0,
+            check: bool = False) -> ClusterResult:
+        """Run `script` (a path) on every node; return what happened. timeout_s counts from the
+        moment every rank has started (start-up has start_timeout_s); past it every process
+        is stopped and LaunchTimeout says where each rank was. max_restarts is torchrun's: a
+        failed worker group is restarted that many times. check=True raises RankError when
+        the run fails."""
+        if not self._open:
+            raise RuntimeError("use the cluster inside `with LocalCluster(...) as cluster:`")
+        script = Path(script).resolve()
+        if not script.is_file():
+            raise FileNotFoundError(f"no script at {script}")
+        for attempt in range(1, self.start_retries + 2):
+            last = attempt > self.start_retries
+            try:
+                result = self._attempt(script, args, env, timeout_s, max_restarts, attempt)
+            except ProcessGroupStartError as error:
+                if last:
+                    raise
+                _log.info("%s -- retrying the launch once.", error)
+                continue
+            # With max_restarts, torchrun's own restarts already cover start-up failures.
+            if result.ok or last or max_restarts or not result.error.startswith(START_FAILURE):
+                break
+            # Logged, not printed: a launch that then succeeds shows what it always shows.
+            _log.info("%s -- retrying the launch once.", result.error)
+        if check and not result.ok:
+            raise RankError(f"rank {result.failed_rank} failed on the cluster (exit status "
+                            f"{result.returncode}):\n{result.error}", result.failed_rank or 0,
+                            traceback=result.error)
+        return result
+
+    def _attempt(self, script, args, env, timeout_s, max_restarts, attempt) -> ClusterResult:
+        report = Path(tempfile.mkdtemp(prefix="gpulab-cluster-"))
+        forwarder = _procs.OutputForwarder(keep_lines=None, echo=self.echo)
+        agents: list[subprocess.Popen] = []
+        try:
+            for node_rank, command in enumerate(self._commands(script, args, report,
+                                                               max_restarts)):
+                agents.append(subprocess.Popen(
+                    command, env=self._env(env), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+                prefix = f"[node {node_rank}] "
+                forwarder.watch(agents[-1].stdout, prefix, False, key=f"{node_rank}:out")
+                forwarder.watch(agents[-1].stderr, prefix, True, key=f"{node_rank}:err")
+            codes, failed_first, started = self._supervise(agents, report, forwarder,
+                                                           timeout_s)
+            forwarder.finish()
+            return self._result(codes, failed_first, started, report, forwarder, attempt)
+        finally:
+            _procs.stop(agents)  # whole trees: agents, and workers in their own sessions
+            forwarder.finish()
+            shutil.rmtree(report, ignore_errors=True)
+
+    def _commands(self, script, args, report: Path, max_restarts: int) -> list[list[str]]:
+        endpoint_addr = self.addresses[0]
+        if self.topology is not None:  # ask node 0's own kernel: the port must be free there
+            port = self.topology.free_port(0)
+        else:
+            port = _procs.free_port()
+        job = f"gpulab-{uuid.uuid4().hex[:8]}"
+        boot = [sys.executable, "-c", _AGENT_BOOT.format(root=_ROOT, parent=os.getpid())]
+        commands = []
+        for node_rank, address in enumerate(self.addresses):
+            prefix = self.topology.exec_prefix(node_rank) if self.topology else []
+            commands.append(prefix + boot + [
+                "--nnodes", str(self.nodes), "--nproc-per-node", str(self.procs_per_node),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint_addr}:{port}",
+                "--rdzv-id", job,
+                # Node 0 hosts the rendezvous; on loopback every node would think it may.
+                "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'}",
+                "--local-addr", address, "--max-restarts", str(max_restarts), "--tee", "3",
+                "-m", "gpulab.distributed._torchrun_entry", str(report), str(script),
+                *map(str, args)])
+        return commands
+
+    def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
+        import gpulab
+
+        interface = (self.topology.interface if self.topology is not None
+                     else _procs.loopback_interface() or "lo")
+        env = dict(os.environ, GPULAB_RUNNER=gpulab.runner.name, PYTHONUNBUFFERED="1",
+                   MPLBACKEND="Agg", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank ${rank}] ",
+                   PYTHONPATH=os.pathsep.join([_ROOT, *filter(None, [os.environ.get(
+                       "PYTHONPATH")])]),
+                   # The interface each node's collectives use: veth0 makes gloo's traffic
+                   # between nodes cross it (nccl's bootstrap too; its data path is its own).
+                   GLOO_SOCKET_IFNAME=interface, NCCL_SOCKET_IFNAME=interface,
+                   # A fresh rendezvous store for every attempt: the store torchrun shares by
+                   # default outlives a restart with the last attempt's keys, and a restarted
+                   # rank can read a dead peer's address from it (pytorch/pytorch#135712).
+                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size)))
+        env.update(extra or {})
+        return env
+
+    def _supervise(self, agents, report: Path, forwarder, timeout_s):
+        """Wait for the agents; return (exit codes, index of the first to fail, all started)."""
+        start_deadline = time.monotonic() + self.start_timeout_s
+        run_deadline = gave_up_at = failed_first = None
+        started = False
+        while True:
+            forwarder.drain()
+            codes = [a.poll() for a in agents]
+            if failed_first is None:
+                failed_first = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if all(c is not None for c in codes):
+                return codes, failed_first, started
+            now = time.monotonic()
+            if not started and len(list(report.glob("rank*.pid"))) == self.world_size:
+                started = True
+                run_deadline = now + (timeout_s if timeout_s is not None else 1e12)
+            if failed_first is not None:
+                # With a fixed node count the other nodes can only wait for the one that gave
+                # up (torchrun waits minutes at its exit barrier): stop them shortly after.
+                gave_up_at = gave_up_at or now
+                if now - gave_up_at > _GIVE_UP_GRACE_S:
+                    _procs.stop([a for a in agents if a.poll() is None])
+                    return [a.poll() for a in agents], failed_first, started
+            elif not started and now > start_deadline:  # (limits apply to a live run only)
+                started_ranks = len(list(report.glob("rank*.pid")))
+                raise ProcessGroupStartError(
+                    f"the cluster did not start every rank within start_timeout_s="
+                    f"{self.start_timeout_s:g} s ({started_ranks} of {self.world_size} started;"
+                    " still in rendezvous?)", None, started_ranks > 0)
+            elif run_deadline is not None and now > run_deadline:
+                raise _timeout(report, self.world_size, f"timeout_s={timeout_s:g}")
+            time.sleep(0.02)
+
+    def _result(self, codes, failed_first, started, report, forwarder, attempt) -> ClusterResult:
+        nodes = tuple(NodeResult(i, address, codes[i], _strip(forwarder, f"{i}:out", i),
+                                 _strip(forwarder, f"{i}:err", i))
+                      for i, address in enumerate(self.addresses))
+        returncode = 0 if failed_first is None else codes[failed_first]
+        failed_rank, error = None, ""
+        if returncode:
+            failed_rank, error = diagnose(report, "\n".join(n.stderr for n in nodes), started)
+        return ClusterResult(returncode, nodes, failed_rank, error, attempt, self.isolation)
+
+
+def _strip(forwarder, key: str, node_rank: int) -> str:
+    prefix = f"[node {node_rank}] "
+    return "\n".join(line.removeprefix(prefix) for line in forwarder.text(key).splitlines())

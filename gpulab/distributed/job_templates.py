@@ -1,0 +1,204 @@
+"""One job description, rendered for the schedulers multi-node training runs on: SLURM (an
+sbatch script) and Kubernetes (a Kubeflow PyTorchJob). Both start on every node the torchrun
+command that LocalCluster starts on this machine: c10d rendezvous, one agent per node.
+
+    spec = JobSpec(name="gpt-ddp", nodes=4, procs_per_node=8, script="train.py",
+                   args=("--steps", "1000"), image="nvcr.io/nvidia/pytorch:24.05-py3",
+                   gpus_per_node=8)
+    Path("gpt-ddp.sbatch").write_text(render_sbatch(spec))     # then: sbatch gpt-ddp.sbatch
+    Path("gpt-ddp.yaml").write_text(render_pytorchjob(spec))   # then: kubectl apply -f ...
+
+SLURM: one task per node runs torchrun (srun starts it on every node of the allocation); the
+rendezvous is hosted by the allocation's first node, `scontrol show hostnames
+"$SLURM_JOB_NODELIST" | head -n 1`, and the job id names the rendezvous.
+Kubeflow (training-operator, kubeflow.org/v1): a Master replica and nodes - 1 Worker replicas,
+each a pod whose container must be named "pytorch"; the operator gives the Master pod a Service
+named <name>-master-0, which hosts the rendezvous on the port named "pytorchjob-port".
+spec.nprocPerNode is a string in that API; elasticPolicy appears when min_nodes is set
+(torchrun --nnodes min:max). The YAML is written by hand (block style, strings JSON-quoted,
+which YAML reads as they are), so gpulab needs no YAML library.
+Taught in: lesson 06, model, pipeline and tensor parallelism (multi-node launch)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_K8S_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1035 label: Service names
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A multi-node training job, independent of the scheduler that runs it."""
+
+    name: str  # job name: SLURM --job-name, PyTorchJob metadata.name (a-z, 0-9, '-')
+    nodes: int  # machines: SLURM nodes, Kubernetes pods (the largest count when elastic)
+    procs_per_node: int  # torchrun processes per node, usually one per GPU
+    script: str  # the training script's path on the nodes (shared file system or image)
+    args: tuple[str, ...] = ()  # the script's arguments
+    image: str = "pytorch/pytorch:latest"  # container image (PyTorchJob)
+    gpus_per_node: int = 0  # GPUs per node: --gpus-per-node, nvidia.com/gpu
+    cpus_per_node: int | None = None  # CPU cores per node, None: the scheduler's default
+    memory_gb: int | None = None  # memory per node in GiB, None: the scheduler's default
+    time_limit: str = "01:00:00"  # SLURM --time (HH:MM:SS)
+    partition: str | None = None  # SLURM partition, None: the cluster's default
+    max_restarts: int = 0  # torchrun --max-restarts: worker-group restarts after a failure
+    min_nodes: int | None = None  # elastic: run on min_nodes..nodes nodes (None: exactly nodes)
+    rdzv_port: int = 29500  # the rendezvous port on the first node / the Master pod
+    env: tuple[tuple[str, str], ...] = ()  # extra environment, as (name, value) pairs
+
+    def __post_init__(self):
+        if isinstance(self.env, Mapping):  # a dict is accepted, kept as pairs (hashable)
+            object.__setattr__(self, "env", tuple(self.env.items()))
+        object.__setattr__(self, "args", tuple(map(str, self.args)))
+        if not (_K8S_NAME.match(self.name) and len(self.name) <= 50):
+            raise ValueError(f"name {self.name!r}: use lowercase letters, digits and '-', start "
+                             "with a letter, at most 50 characters (Kubernetes adds suffixes)")
+        if self.nodes < 1 or self.procs_per_node < 1 or self.gpus_per_node < 0:
+            raise ValueError("need nodes >= 1, procs_per_node >= 1 and gpus_per_node >= 0")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ValueError(f"min_nodes must be between 1 and nodes={self.nodes}, "
+                             f"got {self.min_nodes}")
+        if not re.fullmatch(r"\d+:\d\d:\d\d", self.time_limit):
+            raise ValueError(f"time_limit must look like HH:MM:SS, got {self.time_limit!r}")
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's --nnodes: "4", or "2:4" when elastic."""
+        return f"{self.min_nodes}:{self.nodes}" if self.min_nodes else str(self.nodes)
+
+    def environment(self) -> list[tuple[str, str]]:
+        """`env`, plus what torchrun's restarts need: a fresh rendezvous store per attempt
+        (the shared one keeps the last attempt's keys: pytorch/pytorch#135712)."""
+        extra = [("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")] if self.max_restarts else []
+        return [*self.env, *extra]
+
+    def torchrun_command(self, endpoint: str, rdzv_id: str) -> list[str]:
+        """The command every node runs, as a list of words."""
+        return ["torchrun", f"--nnodes={self.nnodes}", f"--nproc-per-node={self.procs_per_node}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+                f"--max-restarts={self.max_restarts}", self.script, *self.args]
+
+
+def render_sbatch(spec: JobSpec) -> str:
+    """An sbatch script: #SBATCH resources, then `srun torchrun ...` once per node."""
+    nodes = f"{spec.min_nodes}-{spec.nodes}" if spec.min_nodes else str(spec.nodes)
+    directives = [f"--job-name={spec.name}", f"--nodes={nodes}",
+                  "--ntasks-per-node=1",  # one torchrun agent per node; it starts the workers
+                  f"--time={spec.time_limit}", f"--output={spec.name}-%j.out"]
+    if spec.gpus_per_node:
+        directives.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.cpus_per_node:
+        directives.append(f"--cpus-per-task={spec.cpus_per_node}")  # the one task per node
+    if spec.memory_gb:
+        directives.append(f"--mem={spec.memory_gb}G")
+    if spec.partition:
+        directives.append(f"--partition={spec.partition}")
+    # The endpoint and the id are expanded by the shell on the batch host, so they are written
+    # with double quotes; everything else is quoted by shlex.
+    words = [shlex.quote(w) for w in spec.torchrun_command("ENDPOINT", "RDZV_ID")]
+    words[words.index("--rdzv-endpoint=ENDPOINT")] = \
+        f'--rdzv-endpoint="${{head_node}}:{spec.rdzv_port}"'
+    words[words.index("--rdzv-id=RDZV_ID")] = '--rdzv-id="${SLURM_JOB_ID}"'
+    program = len(words) - 1 - len(spec.args)  # one line per torchrun flag, then the script
+    command = " \\\n    ".join([*words[:program], " ".join(words[program:])])
+    lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), "", "set -euo pipefail"]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.environment()]
+    lines += ["", "# The allocation's first node hosts the c10d rendezvous.",
+              'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              "", f"srun {command}", ""]
+    return "\n".join(lines)
+
+
+def pytorchjob(spec: JobSpec) -> dict:
+    """The Kubeflow PyTorchJob (kubeflow.org/v1) for `spec`, as a dict."""
+    endpoint = f"{spec.name}-master-0:{spec.rdzv_port}"
+    limits: dict[str, object] = {}
+    if spec.gpus_per_node:
+        limits["nvidia.com/gpu"] = spec.gpus_per_node
+    if spec.cpus_per_node:
+        limits["cpu"] = spec.cpus_per_node
+    if spec.memory_gb:
+        limits["memory"] = f"{spec.memory_gb}Gi"
+    container = {"name": "pytorch",  # the operator looks for this name
+                 "image": spec.image, "command": spec.torchrun_command(endpoint, spec.name),
+                 "ports": [{"name": "pytorchjob-port", "containerPort": spec.rdzv_port}]}
+    if spec.environment():
+        container["env"] = [{"name": n, "value": v} for n, v in spec.environment()]
+    if limits:
+        container["resources"] = {"limits": limits}
+
+    def replicas(count: int) -> dict:
+        return {"replicas": count, "restartPolicy": "OnFailure",
+                "template": {"spec": {"containers": [container]}}}
+
+    replica_specs = {"Master": replicas(1)}
+    if spec.nodes > 1:
+        replica_specs["Worker"] = replicas(spec.nodes - 1)
+    job_spec: dict[str, object] = {"nprocPerNode": str(spec.procs_per_node)}
+    if spec.min_nodes:
+        job_spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": spec.min_nodes,
+                                     "maxReplicas": spec.nodes, "maxRestarts": spec.max_restarts}
+    job_spec["pytorchReplicaSpecs"] = replica_specs
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": spec.name}, "spec": job_spec}
+
+
+def render_pytorchjob(spec: JobSpec) -> str:
+    """pytorchjob(spec) as YAML, ready for `kubectl apply -f`."""
+    return to_yaml(pytorchjob(spec))
+
+
+def to_yaml(value) -> str:
+    """Block-style YAML for dicts, lists, strings, ints and booleans (enough for a manifest)."""
+    lines: list[str] = []
+    _emit(value, 0, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _emit(value, indent: int, lines: list[str]) -> None:
+    pad = " " * indent
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                lines.append(f"{pad}{_key(key)}:")
+                _emit(item, indent + 2, lines)
+            else:
+                lines.append(f"{pad}{_key(key)}: {_scalar(item)}")
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict) and item:
+                block: list[str] = []
+                _emit(item, indent + 2, block)
+                lines.append(f"{pad}- {block[0].lstrip()}")  # the first key shares the dash line
+                lines += block[1:]
+            elif isinstance(item, list) and item:
+                raise TypeError("nested lists are not needed in a manifest")
+            else:
+                lines.append(f"{pad}- {_scalar(item)}")
+    else:
+        lines.append(f"{pad}{_scalar(value)}")
+
+
+_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}  # not strings
+
+
+def _key(key: str) -> str:
+    plain = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", key) and key.lower() not in _YAML_WORDS
+    return key if plain else json.dumps(key)
+
+
+def _scalar(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, (dict, list)):
+        return "{}" if isinstance(value, dict) else "[]"
+    return json.dumps(str(value))  # a JSON string is a YAML double-quoted scalar
