@@ -21,11 +21,13 @@ BUDGETS_S = {
     "lessons/03_pytorch_on_the_gpu.ipynb": 180,
     "lessons/04_distributed_fundamentals.ipynb": 240,
     "lessons/05_multi_gpu_strategies.ipynb": 240,
+    "lessons/06_model_pipeline_tensor_parallelism.ipynb": 300,
     "lessons/07_gpu_memory.ipynb": 240,
     "lessons/08_profiling_and_optimization.ipynb": 240,
     "solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb": 180,
     "solutions/lab2_amp_training/lab2_amp_training.ipynb": 180,
     "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb": 240,
+    "solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb": 240,
 }
 
 

@@ -30,8 +30,10 @@ cluster.py       LocalCluster: N nodes x M processes on this machine, torchrun +
 cluster_train.py TRAIN_SCRIPT: DDP training that checkpoints, resumes, survives a killed worker
 job_templates.py JobSpec, rendered as a SLURM sbatch script and a Kubeflow PyTorchJob
 
-Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model) and
-lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero)
+Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model),
+lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero) and
+lessons/06_model_pipeline_tensor_parallelism.ipynb (groups, schedules, pipeline, tensor
+parallelism, cluster and job templates)
 """
 
 from gpulab.distributed.allreduce import ring_all_reduce, tree_all_reduce

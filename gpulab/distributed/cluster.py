@@ -27,7 +27,7 @@ choosing and binding it, a rare gloo connection abort inside init_process_group)
 logged to this module's logger, as run_on_ranks does. Leaving the `with` block always deletes
 the namespaces, also on an exception or Ctrl-C; entering it first deletes the namespaces that a
 killed run left behind.
-Taught in: lesson 06, model, pipeline and tensor parallelism (multi-node launch)
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb (multi-node launch)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Why the resumed run ends on exactly the uninterrupted run's loss:
   the same order, and one thread per process keeps each matmul's summation order fixed.
 A checkpoint must sit where every node can read it: here one folder on one machine; on a real
 cluster, a shared file system.
-Taught in: lesson 06, model, pipeline and tensor parallelism (multi-node launch)
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb (multi-node launch)
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ which `device_mesh(grid)` calls; mesh["tp"].get_group() then holds the same rank
 grid.tp_group_ranks(rank) (the tests check this on real gloo ranks).
 
 The grid is a value, computed the same way on every rank from three numbers: no global state.
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ named <name>-master-0, which hosts the rendezvous on the port named "pytorchjob-
 spec.nprocPerNode is a string in that API; elasticPolicy appears when min_nodes is set
 (torchrun --nnodes min:max). The YAML is written by hand (block style, strings JSON-quoted,
 which YAML reads as they are), so gpulab needs no YAML library.
-Taught in: lesson 06, model, pipeline and tensor parallelism (multi-node launch)
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb (multi-node launch)
 """
 
 from __future__ import annotations

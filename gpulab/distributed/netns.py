@@ -20,7 +20,7 @@ networks, nor with another cluster's (each has its own switch).
 
 A namespace name carries the pid of the process that made it: sweep_stale() deletes those whose
 maker has died (a run killed with SIGKILL cannot clean up), never those of a live process.
-Taught in: lesson 06, model, pipeline and tensor parallelism (multi-node launch)
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb (multi-node launch)
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ Timings: perf_counter at the start (waiting), start of compute and end of comput
 action. On one machine perf_counter is one clock (CLOCK_MONOTONIC) for every process, so the
 stages' times line up; on several machines only durations compare.
 
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ GPTStage                          one stage; its parameter names are the GPT's o
                                   ("blocks.2.attn.q_proj.weight"), so a stage's gradients and
                                   state dict line up with the whole model's by name
 
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

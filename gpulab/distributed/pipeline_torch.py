@@ -23,7 +23,7 @@ What torch does that run_pipeline (pipeline.py) does by hand, and where they dif
 Both schedules run on CPU with gloo (the tests compare their loss and gradients with the
 unsplit model's, for p = 2 and 4).
 
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ time t_id = m (tf+tb), and with v chunks t_pb = (p-1)(tf+tb)/v. So
 
 GPipe and 1F1B have the same bubble; 1F1B needs less memory. Interleaving divides the bubble
 by v at the price of v times as many sends between stages.
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

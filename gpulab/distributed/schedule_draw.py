@@ -7,7 +7,7 @@
 Forwards are blue, backwards green, each box labelled with its microbatch (and chunk letter a,
 b, ... when a device holds several chunks; later chunks are darker). Grey is idle: the bubble.
 matplotlib is imported when drawing, not when gpulab is.
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

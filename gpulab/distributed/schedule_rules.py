@@ -15,7 +15,7 @@ several model chunks per device. The rules, each with its own message (stage, ac
 
 normalize_order checks 1-3, simulate_times times the actions and reports 5; check_schedule
 does all five. Errors are ScheduleError, a ValueError.
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

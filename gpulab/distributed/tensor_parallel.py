@@ -30,7 +30,7 @@ Why f all-reduces in backward: x feeds every rank's shard, so dL/dx is the sum o
 shard contributes. The names follow megatron/core/tensor_parallel/mappings.py. Sequences are
 (B, T, C) here, so the sequence dim is 1 (Megatron keeps (T, B, C) and uses dim 0).
 
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ What differs from the hand-written version (tp_transformer), as the tests measur
   it), with no explicit sync_sequence_parallel_grads.
 Both run on CPU with gloo in torch 2.13; the module needs torch >= 2.5 (torch.distributed.tensor).
 
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ equality tests run with dropout 0. With sequence parallelism, the gathered input
 column-parallel layer is kept for backward; Megatron-LM keeps only the shard and all-gathers it
 again in backward, to save that memory too.
 
-Taught in: lesson 06, model, pipeline and tensor parallelism
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 
 from __future__ import annotations
