@@ -21,10 +21,13 @@ import nbformat
 
 # Test cells that import from gpulab are graded by its checkers: the guard imports and watches
 # these, and what they compare with, before any learner cell runs.
-# The training checkers compare with torch (torch.equal, F.cross_entropy, Tensor methods).
+# The training checkers compare with torch (torch.equal, F.cross_entropy, Tensor methods); Lab 4's
+# measure memory (gpulab.memory) and time (the clock, the slow pipeline they race against).
 CHECKER_MODULES = ("gpulab.checks", "gpulab.sim", "numpy.testing", "torch", "torch.nn.functional")
-CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "gpulab.distributed.*", "numpy",
-                 "numpy.testing", "torch", "torch.nn.functional")
+CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "gpulab.distributed.*", "gpulab.memory.*",
+                 "gpulab.profiling.*", "gpulab.slow_pipeline", "gpulab.timing", "gpulab.models",
+                 "gpulab.data", "numpy", "numpy.testing", "torch", "torch.nn.functional",
+                 "torch.cuda", "time", "resource")
 
 
 @dataclass

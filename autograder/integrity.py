@@ -13,7 +13,9 @@ holds identities (compared with `is`) of:
 
     builtins         every name: isinstance, len, abs, AssertionError, __import__, getattr...
     checkers         sys.modules entries, functions, their __code__, classes and methods of
-                     gpulab.checks.*, gpulab.sim.*, gpulab.distributed.*, numpy, numpy.testing
+                     gpulab.checks.*, gpulab.sim.*, gpulab.distributed.*, gpulab.memory.*,
+                     gpulab.profiling.*, the slow pipeline, timing, models and data, numpy,
+                     numpy.testing, torch, torch.cuda and the clocks (`time`, `resource`)
                      (tests using gpulab)
     IPython          the shell's parts and methods, the kernel's, the input and AST transformer
                      lists, the event callbacks (pre_run_cell, pre_execute, ...)

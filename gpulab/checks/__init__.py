@@ -12,6 +12,8 @@ lab2.py     Lab 2, from CPU to GPU training with AMP (Parts 1-3; lab2_resume.py:
 lab3.py     Lab 3, DDP from the ground up: Part 1, and running code on ranks (lab3_ddp.py: Part 2;
             lab3_buckets.py: Part 3; lab3_train.py: Part 4; on each rank: lab3_ranks.py,
             lab3_record.py)
+lab4.py     Lab 4, memory and profiling: Part A, fix the OOM
+lab4_pipeline.py  Lab 4, Part B: speed up a slow training pipeline (lab4_speed.py: the speed-up)
 """
 
 from gpulab.checks.lab1 import (
@@ -31,13 +33,19 @@ from gpulab.checks.lab3 import check_ring_all_reduce
 from gpulab.checks.lab3_buckets import check_fast_ddp, check_make_buckets
 from gpulab.checks.lab3_ddp import check_simple_ddp
 from gpulab.checks.lab3_train import check_train_ddp
+from gpulab.checks.lab4 import check_diagnosis, check_fit_step
+from gpulab.checks.lab4_pipeline import check_fast_results
+from gpulab.checks.lab4_speed import check_speedup
 
 __all__ = [
     "check_accumulate_gradients",
     "check_amp_step",
     "check_block_sum",
     "check_block_sum_races",
+    "check_diagnosis",
     "check_fast_ddp",
+    "check_fast_results",
+    "check_fit_step",
     "check_histogram",
     "check_histogram_races",
     "check_make_buckets",
@@ -48,6 +56,7 @@ __all__ = [
     "check_ring_all_reduce",
     "check_saxpy",
     "check_simple_ddp",
+    "check_speedup",
     "check_to_device",
     "check_train_ddp",
     "check_transpose",

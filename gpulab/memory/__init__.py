@@ -20,6 +20,7 @@ budget         memory_budget: the real CUDA OOM, or the same error type simulate
 oom            explain_oom, find_max_batch, make_training_step
 checkpointing  checkpoint_blocks (torch.utils.checkpoint per Block), checkpointing_tradeoff
 allocator      allocator_state: the CUDA caching allocator's allocated vs reserved (GPU only)
+oom_scenario   OOMScenario: Lab 4's GPT step that does not fit its budget, as a value
 Taught in: lessons/07_gpu_memory.ipynb; Lab 4 ("Fix the OOM")
 """
 
@@ -43,6 +44,7 @@ from gpulab.memory.oom import (
     free_memory,
     make_training_step,
 )
+from gpulab.memory.oom_scenario import BudgetRun, OOMScenario, oom_scenario
 from gpulab.memory.recipes import RECIPES, bytes_per_parameter, model_states, transformer_params
 from gpulab.memory.timeline import PaperStep
 from gpulab.memory.tracker import MemoryTracker, OOMRecord, plot_timeline
@@ -56,4 +58,5 @@ __all__ = [
     "measure_step", "memory_budget", "model_states", "plot_breakdowns", "plot_timeline",
     "training_step",
     "transformer_params", "uncheckpoint_blocks",
+    "BudgetRun", "OOMScenario", "oom_scenario",
 ]

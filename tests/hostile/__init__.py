@@ -4,12 +4,12 @@
                write, an edit of the notebook, or the raw bytes they hand in) and its outcome
     build.py   applies a case to a lab's notebook and hands it in; checks an outcome
 
-The fixture lab (tests/fixtures/solutions/lab0_fixture) takes most cases, Labs 1-3 a few. Graded by
+The fixture lab (tests/fixtures/solutions/lab0_fixture) takes most cases, Labs 1-4 a few. Graded by
 tests/test_autograder_integrity.py and tests/test_autograder_robustness.py, in a few batches.
 """
 
 from hostile.build import check_outcome, hand_in_all
-from hostile.cases import FIXTURE_HIDDEN, INTEGRITY, LAB1, LAB2, LAB3, ROBUSTNESS, Case
+from hostile.cases import FIXTURE_HIDDEN, INTEGRITY, LAB1, LAB2, LAB3, LAB4, ROBUSTNESS, Case
 
 __all__ = [
     "FIXTURE_HIDDEN",
@@ -17,6 +17,7 @@ __all__ = [
     "LAB1",
     "LAB2",
     "LAB3",
+    "LAB4",
     "ROBUSTNESS",
     "Case",
     "check_outcome",

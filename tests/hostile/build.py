@@ -20,6 +20,8 @@ BASES = {  # (lab, base) -> the notebook a case starts from
     ("lab2_amp_training", "release"): ROOT / "labs/lab2_amp_training/lab2_amp_training.ipynb",
     ("lab3_ddp_from_scratch", "solution"):
         ROOT / "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb",
+    ("lab4_memory_and_profiling", "solution"):
+        ROOT / "solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb",
 }
 
 

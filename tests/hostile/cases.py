@@ -289,3 +289,32 @@ def ring_all_reduce(tensor, op="sum"):
     return tensor
 '''}, scores=LAB3_RING_VOID, flags=("kernel died",), reasons=(("cell 13", "SIGKILL"),)),
 ]
+
+LAB4_FULL = {"test_diagnosis": 3.0, "test_fit_step": 5.0, "test_fast_results": 2.0,
+             "test_speedup": 4.0}
+
+# Lab 4 grades a speed-up with the clock and a fit with a memory budget: both live in the
+# learner's process, so tampering with either must cost the part it would have bought.
+LAB4 = [
+    Case("lab4_kind_clock", "time.perf_counter replaced by a clock that stops inside fast_train",
+         lab="lab4_memory_and_profiling", after="fast_train", code='''
+import sys
+import time
+
+_real_clock = time.perf_counter
+
+
+def _kind_clock():
+    frame = sys._getframe(1)
+    while frame is not None:  # no time passes while fast_train runs
+        if frame.f_code.co_name == "fast_train":
+            return 0.0
+        frame = frame.f_back
+    return _real_clock()
+
+
+time.perf_counter = _kind_clock
+''', scores={**LAB4_FULL, "test_fast_results": 0.0, "test_speedup": 0.0},
+         flags=("time.perf_counter",), reasons=voided("test_fast_results")),
+]
+
