@@ -67,6 +67,7 @@ def grade_batch(lab: Lab, mistakes, tmp: Path, points: dict, extra=None, jobs: i
 
 def expect_full_marks(graded: Graded, points: dict) -> None:
     assert graded.scores["solution"] == {test: float(p) for test, p in points.items()}
+    assert not graded.results["solution"].flags, graded.results["solution"].flags
 
 
 def expect_untouched_scores_zero(graded: Graded, points: dict) -> None:

@@ -300,7 +300,8 @@ def test_sbatch_script_runs_torchrun_on_every_node(tmp_path):
     # Run the script with stand-ins for scontrol and srun: the shell expands the endpoint.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fakes = {"scontrol": 'printf "gpu-07\\ngpu-08\\ngpu-09\\n"',
+    # A long node list: a reader that stops after the first line would break scontrol's pipe.
+    fakes = {"scontrol": 'printf "gpu-07\\ngpu-08\\ngpu-09\\n"; seq -f "gpu-%05g" 100000',
              "srun": 'printf "%s\\n" "$@" > "$SRUN_ARGS"'}
     for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")

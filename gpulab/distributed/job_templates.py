@@ -9,8 +9,10 @@ command that LocalCluster starts on this machine: c10d rendezvous, one agent per
     Path("gpt-ddp.yaml").write_text(render_pytorchjob(spec))   # then: kubectl apply -f ...
 
 SLURM: one task per node runs torchrun (srun starts it on every node of the allocation); the
-rendezvous is hosted by the allocation's first node, `scontrol show hostnames
-"$SLURM_JOB_NODELIST" | head -n 1`, and the job id names the rendezvous.
+rendezvous is hosted by the allocation's first node (the first line of `scontrol show hostnames
+"$SLURM_JOB_NODELIST"`, read with awk, which reads to the end: `head -n 1` would close the pipe
+early, and under `set -o pipefail` scontrol's SIGPIPE fails the job), and the job id names the
+rendezvous.
 Kubeflow (training-operator, kubeflow.org/v1): a Master replica and nodes - 1 Worker replicas,
 each a pod whose container must be named "pytorch"; the operator gives the Master pod a Service
 named <name>-master-0, which hosts the rendezvous on the port named "pytorchjob-port".
@@ -109,7 +111,7 @@ def render_sbatch(spec: JobSpec) -> str:
     lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), "", "set -euo pipefail"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.environment()]
     lines += ["", "# The allocation's first node hosts the c10d rendezvous.",
-              'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk \'NR == 1\')',
               "", f"srun {command}", ""]
     return "\n".join(lines)
 
