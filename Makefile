@@ -57,7 +57,7 @@ lab: install
 # nbval needs --dist loadfile: a notebook's cells must stay together on one worker.
 test: install grader-tools
 	$(PY) -m pytest -n 2 --dist loadfile tests lessons \
-	  --nbval --nbval-sanitize-with lessons/nbval_sanitize.cfg $(PYTEST_ARGS)
+	  --nbval --nbval-sanitize-with lessons/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check gpulab autograder tests benchmarks

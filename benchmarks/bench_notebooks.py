@@ -28,6 +28,7 @@ BUDGETS_S = {
     "solutions/lab2_amp_training/lab2_amp_training.ipynb": 180,
     "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb": 240,
     "solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb": 240,
+    "solutions/lab5_parallelism_across_nodes/lab5_parallelism_across_nodes.ipynb": 300,
 }
 
 

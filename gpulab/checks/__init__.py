@@ -14,6 +14,10 @@ lab3.py     Lab 3, DDP from the ground up: Part 1, and running code on ranks (la
             lab3_record.py)
 lab4.py     Lab 4, memory and profiling: Part A, fix the OOM
 lab4_pipeline.py  Lab 4, Part B: speed up a slow training pipeline (lab4_speed.py: the speed-up)
+lab5.py     Lab 5, parallelism across nodes: Part 1, tensor-parallel layers (lab5_mlp.py: Part 2;
+            lab5_schedule.py: Part 3; shared: lab5_shared.py; on each rank: lab5_ranks.py)
+lab5_cluster.py  Lab 5, Part 4: pp x tp GPT on a 2-node local cluster (the script each node
+            runs: lab5_cluster_script.py; on each rank: lab5_cluster_rank.py; lab5_cluster_grade.py)
 """
 
 from gpulab.checks.lab1 import (
@@ -36,6 +40,10 @@ from gpulab.checks.lab3_train import check_train_ddp
 from gpulab.checks.lab4 import check_diagnosis, check_fit_step
 from gpulab.checks.lab4_pipeline import check_fast_results
 from gpulab.checks.lab4_speed import check_speedup
+from gpulab.checks.lab5 import check_tp_linear
+from gpulab.checks.lab5_cluster import check_pp_tp_cluster
+from gpulab.checks.lab5_mlp import check_tp_mlp
+from gpulab.checks.lab5_schedule import check_one_f_one_b
 
 __all__ = [
     "check_accumulate_gradients",
@@ -52,12 +60,16 @@ __all__ = [
     "check_matmul_tiled",
     "check_matmul_tiled_races",
     "check_memorize",
+    "check_one_f_one_b",
+    "check_pp_tp_cluster",
     "check_resume",
     "check_ring_all_reduce",
     "check_saxpy",
     "check_simple_ddp",
     "check_speedup",
     "check_to_device",
+    "check_tp_linear",
+    "check_tp_mlp",
     "check_train_ddp",
     "check_transpose",
     "check_waves",

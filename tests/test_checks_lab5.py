@@ -1,0 +1,266 @@
+"""Lab 5's checkers for Parts 1-3 pass the lab's answers and fail, with the message that teaches,
+on the wrong versions learners write: f without its backward all-reduce, g without its forward
+all-reduce, the row layer's bias added on every rank, columns kept instead of rows, the default
+group instead of the one passed in, the world's rank instead of the group's, an MLP that gathers
+its hidden layer; and for 1F1B: GPipe, a warm-up one too long or too short, a backward before
+its forward, a missing backward, m < p without the min, gpulab's own order.
+
+The right code is the lab's answer cells (from solutions/), run in a fresh `__main__` (so that
+it travels to the ranks by value, as a notebook's code does); each wrong version is the same
+code with one change.
+Each tensor-parallel check is one launch of 2 (or 4) processes; the schedule checks need none.
+"""
+
+import re
+import types
+
+import pytest
+from lab_submissions import Lab, cell_by_grade_id
+from torch import nn
+
+from gpulab.checks import check_one_f_one_b, check_tp_linear, check_tp_mlp, lab5, lab5_ranks
+from gpulab.checks.lab5_shared import RankView, layout, require_function
+from gpulab.distributed.schedule import one_f_one_b_order
+from gpulab.distributed.tensor_parallel import ColumnParallelLinear as LibraryColumn
+from gpulab.distributed.tensor_parallel import _CopyToTP
+
+pytestmark = pytest.mark.lab5
+CELL_FILE = "/tmp/ipykernel_0/cell.py"  # where a kernel's cells say they come from
+
+IMPORTS = """
+import copy
+
+import torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
+"""
+SOLUTION = Lab("lab5_parallelism_across_nodes").solution()
+ANSWERS = "\n\n".join(cell_by_grade_id(SOLUTION, grade_id).source
+                      for grade_id in ("tp_linear", "tp_mlp", "one_f_one_b"))
+ONE_F_ONE_B = cell_by_grade_id(SOLUTION, "one_f_one_b").source
+
+
+def notebook(changes=(), extra: str = "") -> types.ModuleType:
+    """The solution's answer cells, run in a fresh module named __main__ (as a kernel runs
+    them), with `changes`: (old, new) replacements, each of a text found exactly once; then
+    `extra`."""
+    source = ANSWERS
+    for old, new in changes:
+        assert source.count(old) == 1, f"{old!r} is not once in the answers: update this test"
+        source = source.replace(old, new)
+    module = types.ModuleType("__main__")
+    for cell in (IMPORTS, source, extra):
+        exec(compile(cell, CELL_FILE, "exec"), module.__dict__)
+    return module
+
+
+def layers(nb) -> tuple:
+    return nb.CopyToTP, nb.ReduceFromTP, nb.ColumnParallelLinear, nb.RowParallelLinear
+
+
+def fails(check, *args, match: str, **kwargs) -> str:
+    with pytest.raises(AssertionError) as error:
+        check(*args, **kwargs)
+    assert re.search(match, str(error.value), re.S), str(error.value)
+    return str(error.value)
+
+
+# ----------------------------------------------------------------------------- Parts 1-2
+
+
+@pytest.mark.dist
+def test_the_answers_pass_the_visible_and_the_hidden_tests():
+    nb = notebook()
+    check_tp_linear(*layers(nb), tp=2)
+    check_tp_linear(*layers(nb), tp=2, world_size=4, seed=3)  # strided subgroups [0, 2], [1, 3]
+    check_tp_mlp(nb.TPMLP, tp=2)
+
+
+GATHERING_MLP = '''
+class TPMLP(nn.Module):
+    """Gathers the hidden units, then runs the whole proj on every rank."""
+
+    def __init__(self, mlp, group):
+        super().__init__()
+        self.group = group
+        self.fc = ColumnParallelLinear(mlp.fc, group)
+        self.proj = copy.deepcopy(mlp.proj)
+        self.drop = copy.deepcopy(mlp.drop)
+
+    def forward(self, x):
+        h = F.gelu(self.fc(x))
+        parts = [torch.empty_like(h) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, h.contiguous(), group=self.group)
+        parts[dist.get_rank(self.group)] = h
+        return self.drop(self.proj(torch.cat(parts, -1)))
+'''
+WRONG_TP = {
+    "f_without_backward_all_reduce": (
+        [("        grad = grad.clone()  # autograd may hand this very tensor to another branch "
+          "too\n        dist.all_reduce(grad, group=ctx.group)\n", "")], "", {},
+        r"CopyToTP, rank 0: the input's gradient is wrong: it is this rank's own output "
+        r"gradient, unchanged: CopyToTP's backward must all-reduce it"),
+    "g_without_forward_all_reduce": (
+        [("        dist.all_reduce(total, group=group)\n", "")], "", {},
+        r"ReduceFromTP\.apply\(x, group\), rank 0: the output is wrong: it is this rank's own "
+        r"partial, unchanged: ReduceFromTP's forward must all-reduce"),
+    "row_bias_on_every_rank": (
+        [("        y = ReduceFromTP.apply(F.linear(x, self.weight), self.group)  # g: sum the "
+          "partials\n        return y if self.bias is None else y + self.bias  # once, after "
+          "the sum\n", "        return ReduceFromTP.apply(F.linear(x, self.weight, self.bias), "
+          "self.group)\n")], "", {},
+        r"RowParallelLinear\.forward, a layer with bias, rank 0: the bias was added on every "
+        r"rank before the sum: the output has tp_size = 2 times the bias"),
+    "columns_instead_of_rows": (
+        [("        per_rank = full.out_features // tp_size\n        rows = slice(tp_rank * "
+          "per_rank, (tp_rank + 1) * per_rank)\n        self.weight = nn.Parameter(full.weight."
+          "detach()[rows].clone())  # (out/tp, in)\n",
+          "        per_rank = full.out_features // tp_size\n        rows = slice(tp_rank * "
+          "per_rank, (tp_rank + 1) * per_rank)\n        per_in = full.in_features // tp_size\n"
+          "        cols = slice(tp_rank * per_in, (tp_rank + 1) * per_in)\n        self.weight "
+          "= nn.Parameter(full.weight.detach()[:, cols].clone())\n")], "", {},
+        r"ColumnParallelLinear\(full, group\), a layer with bias, rank 0: self\.weight has shape "
+        r"\(12, 4\), expected \(6, 8\): you kept columns \(input features\) instead of rows"),
+    "default_group": (
+        [("        dist.all_reduce(grad, group=ctx.group)\n", "        dist.all_reduce(grad)\n")],
+        "", {}, r"CopyToTP, rank 0: dist\.all_reduce in CopyToTP: backward went to the default "
+        r"group \(group=None: every rank of the world\)\. Pass the group you were given"),
+    "world_rank_in_a_subgroup": (
+        [("        tp_size, tp_rank = dist.get_world_size(group), dist.get_rank(group)\n        "
+          "per_rank = full.out_features",
+          "        tp_size, tp_rank = dist.get_world_size(group), dist.get_rank()\n        "
+          "per_rank = full.out_features")], "", {"world_size": 4},
+        r"ColumnParallelLinear\(full, group\), a layer with bias, rank 1 \(rank 0 of its group, "
+        r"ranks \[1, 3\]\): self\.weight holds the wrong values: it holds the block of the "
+        r"group's rank 1: this rank's place in its group is dist\.get_rank\(group\)"),
+    "mlp_gathers_the_hidden_layer": (
+        [], GATHERING_MLP, {"mlp": True},
+        r"TPMLP, no dropout, rank 0: dist\.all_gather of \d+ elements in TPMLP\.forward: it "
+        r"gathered the hidden activation\. Megatron's MLP needs no communication "
+        r"between its two layers"),
+}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name", WRONG_TP)
+def test_a_wrong_tensor_parallel_layer_fails_with_its_message(name):
+    changes, extra, kwargs, match = WRONG_TP[name]
+    nb = notebook(changes, extra)
+    if kwargs.pop("mlp", False):
+        fails(check_tp_mlp, nb.TPMLP, tp=2, match=match)
+    else:
+        fails(check_tp_linear, *layers(nb), tp=2, **kwargs, match=match)
+
+
+def test_borrowed_classes_earn_nothing_before_any_launch():
+    nb = notebook()
+    fails(check_tp_linear, _CopyToTP, nb.ReduceFromTP, nb.ColumnParallelLinear,
+          nb.RowParallelLinear, match=r"CopyToTP is \(or extends\) gpulab's "
+          r"gpulab\.distributed\.tensor_parallel\._CopyToTP")
+    fails(check_tp_linear, nb.CopyToTP, nb.ReduceFromTP, LibraryColumn, nb.RowParallelLinear,
+          match=r"ColumnParallelLinear is \(or extends\) gpulab's")
+    fails(require_function, nb.ColumnParallelLinear, "CopyToTP",
+          match=r"CopyToTP is not an autograd Function")
+    fails(check_tp_mlp, lambda mlp, group: mlp, match=r"TPMLP is not a class")
+
+
+def test_a_shard_that_is_a_view_of_the_whole_weight_is_refused():
+    full = nn.Linear(8, 12)
+    layer = {"weight": full.weight.detach(), "bias": full.bias.detach()}
+
+    class Viewing(nn.Module):  # nn.Parameter of a slice shares the whole weight's storage
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(full.weight[:6])
+            self.bias = nn.Parameter(full.bias[:6].clone())
+
+    params = lab5_ranks._params(Viewing())
+    assert not params["weight"]["own_storage"] and params["bias"]["own_storage"]
+    shards = {"weight": layer["weight"][:6], "bias": layer["bias"][:6]}
+    fails(lab5._check_shards, "ColumnParallelLinear", "rank 0", params, shards, layer, True, 2,
+          RankView(0, [[0, 1]]), match=r"self\.weight is a view into the full layer's tensor.*"
+          r"nn\.Parameter\(full\.weight\[\.\.\.\]\.clone\(\)\)")
+
+
+def test_groups_are_strided_so_the_world_rank_is_never_the_group_rank():
+    assert layout(2, None) == (2, [[0, 1]])
+    assert layout(2, 4) == (4, [[0, 2], [1, 3]])
+    assert str(RankView(3, [[0, 2], [1, 3]])) == "rank 3 (rank 1 of its group, ranks [1, 3])"
+    with pytest.raises(ValueError):
+        layout(3, 4)
+
+
+# ----------------------------------------------------------------------------- Part 3
+
+
+SIZES = [(4, 8), (2, 3), (3, 2), (5, 1), (1, 3), (4, 4), (6, 9)]  # visible and hidden
+
+
+def test_the_answer_is_1f1b_for_every_size():
+    stage = notebook().one_f_one_b_stage
+    for p, m in SIZES:
+        check_one_f_one_b(stage, p=p, m=m)
+        assert [stage(p, m, s) for s in range(p)] == one_f_one_b_order(p, m)
+
+
+def _with_warmup(rule: str) -> str:
+    return ONE_F_ONE_B.replace("min(p - stage - 1, m)", rule)
+
+
+WRONG_ORDERS = {
+    "gpipe": ("def one_f_one_b_stage(p, m, stage):\n    return [('F', i) for i in range(m)] + "
+              "[('B', i) for i in range(m)]", {},
+              r"stage=0\) returned F0 F1 F2 F3 F4 F5 F6 F7 B0 .*That is GPipe: stage 0 holds "
+              r"all m = 8 microbatches' activations before its first backward; 1F1B holds at "
+              r"most p - stage = 4"),
+    "gpipe_one_stage": ("def one_f_one_b_stage(p, m, stage):\n    return [('F', i) for i in "
+                        "range(m)] + [('B', i) for i in range(m)]", {"p": 1, "m": 3},
+                        r"That is GPipe: stage 0 holds all m = 3 .* at most p - stage = 1"),
+    "warmup_p_minus_stage": (_with_warmup("min(p - stage, m)"), {},
+                             r"stage=0\).*Its warm-up is 4 forwards, too many: then stage 0 "
+                             r"holds 5 microbatches at once"),
+    "warmup_too_short": (_with_warmup("max(min(p - stage - 2, m), 0)"), {},
+                         r"stage=0\).*Its warm-up is 2 forwards, too few"),
+    "warmup_without_min": (_with_warmup("p - stage - 1"), {"p": 4, "m": 2},
+                           r"stage=0\).*Position 2, F2, names a microbatch that does not exist: "
+                           r"there are m = 2 \(F0\.\.F1\)\. With m < p the warm-up is min"),
+    "backward_first": (ONE_F_ONE_B.replace("    return order\n", "    order.remove(('B', 0))\n"
+                                           "    return [('B', 0)] + order\n"), {},
+                       r"It breaks a rule: stage 0 runs B0 \(position 0\) before F0 \(position "
+                       r"1\): a stage can only run a microbatch's backward after its forward"),
+    "missing_backward": (ONE_F_ONE_B.replace("    return order\n", "    return order[:-1]\n"),
+                         {"p": 3, "m": 4}, r"stage=0\).*It breaks a rule: stage 0 never runs "
+                         r"B3: every stage runs one forward and one backward of every microbatch"),
+    "cool_down_reversed": (ONE_F_ONE_B.replace("range(m - warmup, m)]",
+                                               "reversed(range(m - warmup, m))]"), {},
+                           r"stage=0\).*Position 13 is B7; 1F1B runs B5 there"),
+    "borrowed": ("from gpulab.distributed.schedule import one_f_one_b_order\n\n\n"
+                 "def one_f_one_b_stage(p, m, stage):\n    return one_f_one_b_order(p, m)[stage]",
+                 {}, r"ran gpulab's own code \(schedule\.py: one_f_one_b_order\)"),
+    "a_generator": (ONE_F_ONE_B.replace("    return order\n", "    return iter(order)\n"), {},
+                    r"returned list_iterator: return a list of \('F', i\) and \('B', i\) tuples"),
+    "stub": ("def one_f_one_b_stage(p, m, stage):\n    raise NotImplementedError()", {},
+             r"raised NotImplementedError\. Replace `raise NotImplementedError\(\)`"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_ORDERS)
+def test_a_wrong_order_fails_with_its_message(name):
+    code, kwargs, match = WRONG_ORDERS[name]
+    fails(check_one_f_one_b, notebook(extra=code).one_f_one_b_stage, **kwargs, match=match)
+
+
+def test_gpulabs_order_itself_earns_nothing():
+    from gpulab.distributed import schedule
+
+    fails(check_one_f_one_b, schedule.one_f_one_b_order, match=r"one_f_one_b_stage is gpulab's")
+
+
+def test_lists_instead_of_tuples_are_accepted():
+    stage = notebook().one_f_one_b_stage
+    check_one_f_one_b(notebook(extra="""
+_tuples = one_f_one_b_stage
+
+
+def one_f_one_b_stage(p, m, stage):
+    return [list(action) for action in _tuples(p, m, stage)]
+""").one_f_one_b_stage)
+    assert stage(2, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
