@@ -1,7 +1,8 @@
 """The committed student versions are exactly what `release` makes from the lab sources.
 
 labs/ is generated: a lab is edited in solutions/ only, then released with
-`python -m autograder release LAB`, and both are committed together. Runs nbgrader's
+`python -m autograder release LAB`, and both are committed together. Every folder of
+solutions/ is a graded notebook set: the labs, the quiz and the capstone. Runs nbgrader's
 generate_assignment (no kernel), a few seconds per lab.
 """
 
@@ -11,8 +12,8 @@ from autograder.course import Course, repository_root
 from autograder.release import check_release
 
 COURSE = Course.at(repository_root())
-SOURCES = sorted(p.name for p in COURSE.solutions.glob("lab*") if p.is_dir())
-RELEASES = sorted(p.name for p in COURSE.labs.glob("lab*") if p.is_dir())
+SOURCES = sorted(p.name for p in COURSE.solutions.iterdir() if p.is_dir())
+RELEASES = sorted(p.name for p in COURSE.labs.iterdir() if p.is_dir())
 
 
 @pytest.mark.parametrize("lab", SOURCES)
