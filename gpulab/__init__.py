@@ -6,6 +6,7 @@ turns on Numba's CUDA simulator before numba.cuda is loaded.
     import gpulab
     gpulab.runner            # Runner(name='cpu', ...): sizes, device, backend, precision recipe
     gpulab.show_source(fn)   # read the library's code from a lesson
+    gpulab.progress("lab1")  # which parts of a lab pass their visible tests, and why not
 """
 
 from gpulab import env, simulator_fix
@@ -19,4 +20,14 @@ env.switch_simulator(runner)
 if runner.simulator:
     simulator_fix.install()  # closes a race in the simulator's shared memory
 
-__all__ = ["env", "runner", "show_source", "__version__"]
+
+def __getattr__(name: str):
+    # Imported on first use: `import gpulab` stays quick and loads neither torch nor numba.cuda.
+    if name == "progress":
+        from gpulab.self_check import progress
+
+        return progress
+    raise AttributeError(f"module 'gpulab' has no attribute {name!r}")
+
+
+__all__ = ["env", "progress", "runner", "show_source", "__version__"]

@@ -1,0 +1,126 @@
+"""Self-checks for a lab without nbgrader: which parts pass their visible tests, and why not.
+
+    import gpulab
+    gpulab.progress("lab1")                  # every part: a table of points, pass/fail, messages
+    gpulab.progress("lab1", part="saxpy")    # one part (the cluster and simulator ones are slow)
+
+Run in the lab's notebook, it checks the definitions of that notebook (the IPython namespace)
+with the same checker calls as the lab's visible test cells (parts.py); a part still left as the
+stub reads "not started". It never raises for a mistake in the learner's code: the checker's
+teaching message goes in the table. Hidden tests are not run: passing here is not the grade.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import sys
+
+from gpulab.self_check.parts import LABS, Check, Part, find_lab, find_parts
+from gpulab.self_check.report import (
+    FAIL,
+    NOT_DEFINED,
+    NOT_STARTED,
+    PASS,
+    PartResult,
+    Report,
+    shorten,
+)
+from gpulab.self_check.stubs import unfinished
+
+TRACEBACK_HINT = "(run the part's test cell to see the whole traceback)"
+
+
+def check_part(part: Part, namespace: dict) -> PartResult:
+    """Run `part`'s visible checks on the definitions in `namespace`; never raises for the
+    learner's mistakes (KeyboardInterrupt still stops it)."""
+    missing = [name for name in part.names if name not in namespace]
+    if missing:
+        return PartResult(part.name, part.points, NOT_DEFINED,
+                          f"{', '.join(missing)} not defined yet: run the cell that defines "
+                          f"{'it' if len(missing) == 1 else 'them'} (and the cells above it).")
+    stubs = _stubs(part, namespace)
+    if stubs:
+        return PartResult(part.name, part.points, NOT_STARTED,
+                          f"Still the stub: {'; '.join(stubs)}. Replace `raise "
+                          "NotImplementedError()` (or the None) with your answer and run the cell.")
+    import gpulab.checks  # torch and numba: only when a check runs
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            for check in part.checks:
+                _run(gpulab.checks, check, namespace)
+    except AssertionError as error:
+        message = shorten(str(error)) or f"{part.grade_id} failed (no message). {TRACEBACK_HINT}"
+        return PartResult(part.name, part.points, FAIL, message, printed.getvalue())
+    except (Exception, SystemExit) as error:  # the learner's code crashed inside the checker
+        message = shorten(f"{type(error).__name__}: {error}") + f"\n{TRACEBACK_HINT}"
+        return PartResult(part.name, part.points, FAIL, message, printed.getvalue())
+    return PartResult(part.name, part.points, PASS, "", printed.getvalue())
+
+
+def _run(checks, check: Check, namespace: dict) -> None:
+    checker = getattr(checks, check.checker)
+    checker(*(namespace[name] for name in check.args), **copy.deepcopy(check.kwargs))
+
+
+def _stubs(part: Part, namespace: dict) -> list[str]:
+    found = []
+    for name in part.names:
+        try:
+            found += unfinished(name, namespace[name])
+        except Exception:  # an odd object: let its checker say what is wrong with it
+            continue
+    return [s if " is still None" in s else f"{s} raises NotImplementedError()" for s in found]
+
+
+def run_self_checks(lab: str, part: str | None = None, *, namespace: dict | None = None,
+                    progress: bool = True) -> Report:
+    """The Report of `lab`'s parts (or the one named `part`) on the definitions in `namespace`
+    (default: the notebook's, else the caller's globals), with a tqdm bar over the parts."""
+    from tqdm.auto import tqdm
+
+    parts = find_parts(lab, part)
+    if namespace is None:
+        namespace = _notebook_namespace() or sys._getframe(1).f_globals
+    results = []
+    bar = tqdm(parts, desc=find_lab(lab).split("_", 1)[0], unit="part", leave=False,
+               disable=not progress)
+    for each in bar:
+        bar.set_postfix_str(each.name)
+        results.append(check_part(each, namespace))
+    bar.close()
+    return Report(find_lab(lab), tuple(results))
+
+
+def progress(lab: str, part: str | None = None, *, namespace: dict | None = None,
+             progress: bool = True) -> None:
+    """Show which parts of `lab` pass their visible tests, with the checkers' messages."""
+    if namespace is None:
+        namespace = _notebook_namespace() or sys._getframe(1).f_globals
+    report = run_self_checks(lab, part, namespace=namespace, progress=progress)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(report)
+    else:
+        print(report)
+
+
+def _notebook_namespace() -> dict | None:
+    """The IPython user namespace (the notebook's variables), or None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return shell.user_ns if shell is not None else None
+
+
+__all__ = ["LABS", "FAIL", "NOT_DEFINED", "NOT_STARTED", "PASS", "PartResult", "Report",
+           "check_part", "progress", "run_self_checks"]

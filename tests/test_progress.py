@@ -1,0 +1,230 @@
+"""gpulab.progress: a lab's visible checks, part by part, on the learner's own definitions.
+
+The parts table (gpulab/self_check/parts.py) is compared with the visible half of every test cell
+of every solutions/lab*/ notebook, so the two cannot drift. The runs use the cheap parts (Lab 1's
+waves, Lab 2's to_device, Lab 5's 1F1B order) with the solution's own cells (pass), the released
+stubs (not started) and known-wrong answers (fail with the checker's teaching message).
+"""
+
+import ast
+import re
+import subprocess
+import sys
+
+import pytest
+from lab_submissions import ROOT, cell_by_grade_id, grade_id, points_of, read
+
+import gpulab
+import gpulab.checks
+from gpulab.self_check import (
+    FAIL,
+    LABS,
+    NOT_DEFINED,
+    NOT_STARTED,
+    PASS,
+    check_part,
+    progress,
+    run_self_checks,
+)
+from gpulab.self_check.parts import Check, find_parts
+
+HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
+SOLUTIONS = sorted(ROOT.glob("solutions/lab*/lab*.ipynb"))
+PRELUDE = {  # the imports that the answer cells below lean on, from each lab's first cells
+    "lab1_cuda_kernels": "import math\nfrom numba import cuda\n"
+                         "from gpulab.hardware import get_gpu\n",
+    "lab2_amp_training": "import torch\n",
+    "lab3_ddp_from_scratch": "import torch\nimport torch.nn as nn\n",
+    "lab5_parallelism_across_nodes": "import torch\nimport torch.nn as nn\n",
+}
+
+
+def visible_checks(source: str) -> tuple[Check, ...]:
+    """The checker calls of a test cell's visible half: checker(learner names..., literals)."""
+    tree = ast.parse(HIDDEN.sub("", source))
+    calls = sorted((node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name) and node.func.id.startswith("check_")),
+                   key=lambda node: (node.lineno, node.col_offset))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == "gpulab.checks" for alias in node.names}
+    checks = []
+    for call in calls:
+        assert call.func.id in imported, f"{call.func.id} is not imported from gpulab.checks"
+        assert all(isinstance(arg, ast.Name) for arg in call.args), ast.unparse(call)
+        checks.append(Check(call.func.id, tuple(arg.id for arg in call.args),
+                            {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}))
+    return tuple(checks)
+
+
+def lab_namespace(lab: str, cells: dict[str, str | None], released: bool = False) -> dict:
+    """A notebook's namespace after running the answer cells named in `cells` (grade_id ->
+    None for the cell as it is, or (old, new) to break it), from the solution or the release."""
+    folder = "labs" if released else "solutions"
+    nb = read(ROOT / folder / lab / f"{lab}.ipynb")
+    namespace: dict = {}
+    exec(PRELUDE.get(lab, ""), namespace)
+    for cell_id, change in cells.items():
+        source = cell_by_grade_id(nb, cell_id).source
+        if change is not None:
+            assert source.count(change[0]) == 1, f"{change[0]!r} changed in {cell_id}"
+            source = source.replace(*change)
+        try:
+            exec(compile(source, f"<cell {cell_id}>", "exec"), namespace)
+        except NotImplementedError:  # a released stub cell that raises at its end
+            pass
+    return namespace
+
+
+# ----------------------------------------------------------------------------- the parts table
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.parent.name)
+def test_parts_match_the_visible_test_cells(path):
+    nb = read(path)
+    points = points_of(nb)
+    parts = {part.grade_id: part for part in LABS[path.stem]}
+    assert set(parts) == set(points), "a test cell was added or removed: update parts.py"
+    for cell in nb.cells:
+        if grade_id(cell) in parts:
+            part = parts[grade_id(cell)]
+            assert part.points == points[part.grade_id], part.grade_id
+            assert part.checks == visible_checks(cell.source), (
+                f"{part.grade_id}: parts.py no longer calls what the visible test cell calls")
+            for check in part.checks:
+                assert callable(getattr(gpulab.checks, check.checker))
+
+
+def test_every_lab_has_parts():
+    assert sorted(LABS) == [path.stem for path in SOLUTIONS]
+
+
+def test_hidden_tests_are_not_among_the_visible_checks():
+    cell = cell_by_grade_id(read(ROOT / "solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb"),
+                            "test_saxpy")
+    assert "seed=3" in cell.source  # the hidden call is in the cell, not among the parts
+    assert all("seed" not in c.kwargs for c in find_parts("lab1", "saxpy")[0].checks)
+
+
+def test_labs_and_parts_by_short_names():
+    assert find_parts("lab5", "one_f_one_b") == find_parts("lab5_parallelism_across_nodes",
+                                                           "test_one_f_one_b")
+    assert len(find_parts(1)) == 6
+    with pytest.raises(ValueError, match="lab1_cuda_kernels"):
+        find_parts("lab9")
+    with pytest.raises(ValueError, match="saxpy, transpose"):
+        find_parts("lab1", "sxapy")
+
+
+# ----------------------------------------------------------------------------- running parts
+
+
+def test_the_solutions_pass():
+    lab1 = lab_namespace("lab1_cuda_kernels", {"waves": None})
+    lab2 = lab_namespace("lab2_amp_training", {"to_device": None})
+    lab5 = lab_namespace("lab5_parallelism_across_nodes", {"one_f_one_b": None})
+    for lab, part, namespace in (("lab1", "waves", lab1), ("lab2", "to_device", lab2),
+                                 ("lab5", "one_f_one_b", lab5)):
+        report = run_self_checks(lab, part, namespace=namespace, progress=False)
+        assert [r.status for r in report.results] == [PASS], str(report)
+        assert report.points_passed == report.points_total > 0
+
+
+def test_the_released_stubs_read_not_started():
+    lab1 = lab_namespace("lab1_cuda_kernels", {"waves": None, "saxpy": None}, released=True)
+    for part, says in (("waves", "n_waves is still None"),
+                       ("saxpy", "saxpy raises NotImplementedError()")):
+        (result,) = run_self_checks("lab1", part, namespace=lab1, progress=False).results
+        assert result.status == NOT_STARTED and says in result.message, result
+    # Classes: the methods still to write are named; no process starts for them.
+    lab3 = lab_namespace("lab3_ddp_from_scratch", {"simple_ddp": None}, released=True)
+    (result,) = run_self_checks("lab3", "simple_ddp", namespace=lab3, progress=False).results
+    assert result.status == NOT_STARTED
+    assert "SimpleDDP.__init__" in result.message and "finish_gradient_sync" in result.message
+    assert "forward" not in result.message  # given ready-made in the release
+    lab5 = lab_namespace("lab5_parallelism_across_nodes", {"tp_linear": None}, released=True)
+    (result,) = run_self_checks("lab5", "tp_linear", namespace=lab5, progress=False).results
+    assert result.status == NOT_STARTED and "CopyToTP.backward" in result.message
+
+
+def test_a_missing_definition_says_which_cell_to_run():
+    report = run_self_checks("lab2", namespace={}, progress=False)
+    assert {r.status for r in report.results} == {NOT_DEFINED}
+    resume = next(r for r in report.results if r.part == "resume")
+    assert "snapshot, restore not defined yet" in resume.message
+
+
+WRONG = [  # (lab, part, answer cell, (solution text, wrong text), the checker's teaching)
+    ("lab5_parallelism_across_nodes", "one_f_one_b", "one_f_one_b",
+     ("warmup = min(p - stage - 1, m)", "warmup = m"), r"That is GPipe"),
+    ("lab1_cuda_kernels", "waves", "waves",
+     ("math.ceil(1000 / a100_slots)", "1000 / a100_slots"), r"round n_blocks / slots up"),
+    ("lab2_amp_training", "to_device", "to_device",
+     ("batch.to(device, non_blocking=True)", "batch.to(device)"), r"non_blocking=True"),
+]
+
+
+@pytest.mark.parametrize("lab, part, cell, change, teaching", WRONG, ids=[w[1] for w in WRONG])
+def test_a_wrong_answer_fails_with_the_checkers_message(lab, part, cell, change, teaching):
+    namespace = lab_namespace(lab, {cell: change})
+    (result,) = run_self_checks(lab, part, namespace=namespace, progress=False).results
+    assert result.status == FAIL and re.search(teaching, result.message), result
+
+
+def test_a_crash_in_the_learners_code_is_reported_not_raised():
+    def one_f_one_b_stage(p, m, stage):
+        return [("F", i) for i in range(m // (stage - stage))]  # ZeroDivisionError
+
+    (part,) = find_parts("lab5", "one_f_one_b")
+    result = check_part(part, {"one_f_one_b_stage": one_f_one_b_stage})
+    assert result.status == FAIL and "ZeroDivisionError" in result.message, result
+
+
+# ----------------------------------------------------------------------------- what it shows
+
+
+def test_progress_prints_a_table_and_a_bar_that_can_be_turned_off(capsys):
+    namespace = lab_namespace("lab5_parallelism_across_nodes", {"one_f_one_b": None})
+    progress("lab5", namespace=namespace)
+    shown = capsys.readouterr()
+    assert "1 of 4 parts pass" in shown.out and re.search(r"one_f_one_b\s+4\s+pass", shown.out)
+    assert re.search(r"tp_linear\s+3?4\s+not defined", shown.out)
+    assert "part/s" in shown.err  # tqdm's bar, on stderr
+    progress("lab5", part="one_f_one_b", namespace=namespace, progress=False)
+    shown = capsys.readouterr()
+    assert "1 of 1 parts pass" in shown.out and shown.err == ""
+
+
+def test_report_as_html_escapes_the_message():
+    namespace = lab_namespace("lab1_cuda_kernels", {"waves": None}, released=True)
+    report = run_self_checks("lab1", "waves", namespace=namespace, progress=False)
+    page = report._repr_html_()
+    assert "<table>" in page and "not started" in page and "<code>waves</code>" in page
+
+
+NOTEBOOK = """
+import gpulab
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_cell('''import gpulab
+def one_f_one_b_stage(p, m, stage):
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]''')
+shell.run_cell('gpulab.progress("lab5", part="one_f_one_b", progress=False)')
+"""
+
+
+def test_progress_reads_the_notebooks_own_definitions():
+    # An IPython shell of its own process: the notebook's namespace is the shell's user_ns.
+    run = subprocess.run([sys.executable, "-c", NOTEBOOK], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "0 of 1 parts pass" in run.stdout and "That is GPipe" in run.stdout, run.stdout
+
+
+def test_gpulab_progress_loads_neither_torch_nor_numba_cuda():
+    code = ("import sys, gpulab; before = set(sys.modules); gpulab.progress; "
+            "print(sorted(m for m in set(sys.modules) - before "
+            "if m.split('.')[0] in ('torch', 'numba')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr
+    assert gpulab.progress is progress
