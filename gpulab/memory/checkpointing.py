@@ -92,11 +92,13 @@ class CheckpointTradeoff:
 
 
 def checkpointing_tradeoff(model, batch, optimizer_class=torch.optim.Adam, amp=None,
-                           blocks=None) -> CheckpointTradeoff:
+                           blocks=None, progress: bool = True) -> CheckpointTradeoff:
     """Measure one training step of (copies of) `model` on `batch` without and with
     checkpoint_blocks: peak memory (gpulab.memory.measure_step), the activations still held
-    when backward starts, and FLOPs (torch.utils.flop_counter)."""
+    when backward starts, and FLOPs (torch.utils.flop_counter). A tqdm bar over the two
+    (several seconds each on a CPU); progress=False hides it."""
     from torch.utils.flop_counter import FlopCounterMode
+    from tqdm.auto import tqdm
 
     from gpulab.memory.measure import measure_step, training_step
     from gpulab.memory.tracker import MemoryTracker
@@ -105,7 +107,9 @@ def checkpointing_tradeoff(model, batch, optimizer_class=torch.optim.Adam, amp=N
     device = next(model.parameters()).device
     batch = tuple(t.to(device) for t in batch)
     results = []
-    for checkpointed in (False, True):
+    bar = tqdm((False, True), desc="checkpointing_tradeoff", unit="step", disable=not progress)
+    for checkpointed in bar:
+        bar.set_postfix_str("checkpointed" if checkpointed else "plain")
         m = copy.deepcopy(model)
         twins = [c for o, c in zip(model.modules(), m.modules(), strict=True) if id(o) in ids]
         (checkpoint_blocks if checkpointed else uncheckpoint_blocks)(m, twins)

@@ -139,13 +139,19 @@ class BatchSearch:
 
 
 def find_max_batch(step_fn, budget_bytes: int, *, model=None, optimizer=None, device=None,
-                   start: int = 1, limit: int = 65536, repeats: int = 2) -> BatchSearch:
+                   start: int = 1, limit: int = 65536, repeats: int = 2,
+                   progress: bool = True) -> BatchSearch:
     """The largest batch size n in [start, limit] for which step_fn(n) runs `repeats` times
     under memory_budget(budget_bytes) (model and optimizer: what already lives on the device,
-    for the CPU's tracked budget). Assumes memory grows with the batch size."""
+    for the CPU's tracked budget). Assumes memory grows with the batch size. A tqdm bar counts
+    the tries (a dozen or so, each a few training steps); progress=False hides it."""
+    from tqdm.auto import tqdm
+
     tries: list[tuple[int, bool]] = []
+    bar = tqdm(desc="find_max_batch", unit="try", disable=not progress)
 
     def fits(n: int) -> bool:
+        bar.set_postfix_str(f"trying batch {n}")
         try:
             with memory_budget(budget_bytes, model=model, optimizer=optimizer, device=device):
                 for _ in range(repeats):
@@ -156,8 +162,19 @@ def find_max_batch(step_fn, budget_bytes: int, *, model=None, optimizer=None, de
         if not ok:  # a successful step frees its tensors itself
             free_memory(device)
         tries.append((n, ok))
+        bar.update()
         return ok
 
+    try:
+        good = _search(fits, start, limit)
+        bar.set_postfix_str(f"largest batch that fits: {good}")
+    finally:
+        bar.close()
+    return BatchSearch(good, tuple(tries), int(budget_bytes))
+
+
+def _search(fits, start: int, limit: int) -> int:
+    """The largest n in [start, limit] with fits(n), 0 when none: double, then bisect."""
     good, bad = 0, None
     n = start
     while n <= limit:  # double until a size fails
@@ -175,4 +192,4 @@ def find_max_batch(step_fn, budget_bytes: int, *, model=None, optimizer=None, de
             good = mid
         else:
             bad = mid
-    return BatchSearch(good, tuple(tries), int(budget_bytes))
+    return good
