@@ -229,6 +229,9 @@ def test_without_a_kernel_or_ipywidgets_the_explorer_is_static(monkeypatch):
     assert not roofline_explorer().interactive
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if it were not installed
     assert not widgets_available()
+    assert "image/png" in waves_explorer()._repr_mimebundle_()
+    with pytest.raises(ImportError, match="pip install ipywidgets"):
+        waves_explorer(interactive=True)
 
 
 def test_controls_refuse_unknown_names_and_values():

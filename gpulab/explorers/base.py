@@ -69,14 +69,21 @@ class Control:
         return w.Dropdown(options=list(self.options), **common)
 
 
+def _has_ipywidgets() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def widgets_available() -> bool:
     """Whether widgets can be shown here: ipywidgets is installed and IPython runs in a kernel
     (a terminal IPython or plain Python has no frontend to draw them)."""
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-    except ImportError:
+    if not _has_ipywidgets():
         return False
+    from IPython import get_ipython  # ipywidgets depends on IPython
+
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
 
@@ -95,6 +102,9 @@ class Explorer:
         self.compute, self.describe, self.draw = compute, describe, draw
         self.values = {c.name: c.default for c in controls}
         self.interactive = widgets_available() if interactive is None else bool(interactive)
+        if self.interactive and not _has_ipywidgets():
+            raise ImportError(f"{title}: interactive=True needs ipywidgets (pip install "
+                              "ipywidgets); interactive=False shows the static text and picture")
         self._widgets: dict = {}  # name -> ipywidget, once built
         self._output = None  # the ipywidgets.Output the rendering goes to
         self._box = None
