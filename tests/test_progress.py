@@ -94,6 +94,16 @@ def test_parts_match_the_visible_test_cells(path):
                 assert callable(getattr(gpulab.checks, check.checker))
 
 
+def test_a_changed_visible_call_is_noticed():
+    nb = read(ROOT / "solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb")
+    source = cell_by_grade_id(nb, "test_saxpy").source
+    (part,) = find_parts("lab1", "saxpy")
+    assert visible_checks(source) == part.checks
+    assert visible_checks(source.replace("sizes=[2048, 5000]", "sizes=[2048]")) != part.checks
+    hidden_only = source.replace("check_saxpy(saxpy, sizes=[2048, 5000])\n", "")
+    assert visible_checks(hidden_only) == ()  # the hidden call is not counted as visible
+
+
 def test_every_lab_has_parts():
     assert sorted(LABS) == [path.stem for path in SOLUTIONS]
 

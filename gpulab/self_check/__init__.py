@@ -86,12 +86,11 @@ def run_self_checks(lab: str, part: str | None = None, *, namespace: dict | None
     if namespace is None:
         namespace = _notebook_namespace() or sys._getframe(1).f_globals
     results = []
-    bar = tqdm(parts, desc=find_lab(lab).split("_", 1)[0], unit="part", leave=False,
-               disable=not progress)
-    for each in bar:
-        bar.set_postfix_str(each.name)
-        results.append(check_part(each, namespace))
-    bar.close()
+    with tqdm(parts, desc=find_lab(lab).split("_", 1)[0], unit="part", leave=False,
+              disable=not progress) as bar:  # closed on Ctrl-C too
+        for each in bar:
+            bar.set_postfix_str(each.name)
+            results.append(check_part(each, namespace))
     return Report(find_lab(lab), tuple(results))
 
 
