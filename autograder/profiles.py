@@ -85,8 +85,9 @@ def _frozen(mapping: dict[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(mapping))
 
 
-# A grading kernel has no display: pictures render off-screen.
-_COMMON = {"MPLBACKEND": "Agg"}
+# A grading kernel has no display: pictures render off-screen. GPULAB_GRADING: a learner's
+# gpulab.progress() cell does not run the visible checks again (the grader runs them).
+_COMMON = {"MPLBACKEND": "Agg", "GPULAB_GRADING": "1"}
 
 PROFILES: Mapping[str, RunnerProfile] = _frozen(
     {

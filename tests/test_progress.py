@@ -204,6 +204,19 @@ def test_progress_prints_a_table_and_a_bar_that_can_be_turned_off(capsys):
     assert "1 of 1 parts pass" in shown.out and shown.err == ""
 
 
+def test_progress_stands_aside_while_grading(capsys, monkeypatch):
+    from autograder.profiles import get_profile
+    from autograder.sandbox_kernel import kernel_environment
+
+    for runner in ("cpu", "gpu"):  # the grading kernel gets the variable, through the sandbox
+        env = kernel_environment(get_profile(runner).kernel_env({}), "/home/learner", "/tmp")
+        assert env["GPULAB_GRADING"] == "1"
+    monkeypatch.setenv("GPULAB_GRADING", "1")
+    progress("lab5", namespace={"one_f_one_b_stage": None})
+    shown = capsys.readouterr()
+    assert "skipped while grading" in shown.out and "one_f_one_b" not in shown.out + shown.err
+
+
 def test_report_as_html_escapes_the_message():
     namespace = lab_namespace("lab1_cuda_kernels", {"waves": None}, released=True)
     report = run_self_checks("lab1", "waves", namespace=namespace, progress=False)
