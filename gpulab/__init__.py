@@ -9,10 +9,12 @@ turns on Numba's CUDA simulator before numba.cuda is loaded.
     gpulab.progress("lab1")  # which parts of a lab pass their visible tests, and why not
 """
 
-from gpulab import env, simulator_fix
+from gpulab import compat, env, simulator_fix
 from gpulab.source import show_source
 
 __version__ = "0.1.0"
+
+compat.install()  # before numba.cuda is imported anywhere
 
 # Decided once, for the life of the process (see gpulab/env.py).
 runner = env.detect()

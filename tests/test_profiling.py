@@ -289,3 +289,21 @@ def test_busy_time_counts_only_what_falls_inside_the_step():
     assert busy_seconds([inside, overlapping, after, before], step) == pytest.approx(0.3)
     assert busy_seconds([after], step) == 0.0 and busy_seconds([before], step) == 0.0
     assert busy_seconds([(0.5, 2.5)], step) == pytest.approx(1.0)
+
+
+def test_dtypes_come_from_kineto_events_where_function_events_lack_them():
+    # torch < 2.12: FunctionEvent has no input_dtypes; profiled_events recovers them.
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpulab.profiling.trace import profiled_events
+
+    a = torch.randn(32, 32, dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        a @ a
+    events = prof.events()
+    want = {e.id: list(e.input_dtypes) for e in events}
+    assert any("c10::BFloat16" in d for d in want.values())
+    for e in events:
+        del e.input_dtypes
+    assert profiled_events(prof) is events
+    assert {e.id: e.input_dtypes for e in events} == want

@@ -130,11 +130,25 @@ def run_collective(name: str, row: list, root: int = 0) -> list:
         return at_slot(mine, rank)
     elif name == "all_to_all":
         out = [torch.empty_like(mine) for _ in range(p)]
-        dist.all_to_all(out, chunks)
+        all_to_all(out, chunks)
         return torch.cat(out).tolist()
     else:
         raise ValueError(f"unknown collective {name!r}; choose one of {', '.join(COLLECTIVES)}")
     return x.tolist()
+
+
+def all_to_all(out: list, chunks: list) -> None:
+    """dist.all_to_all(out, chunks). gloo gained all-to-all only in recent torch releases;
+    where it lacks it, the same exchange is p scatters, one rooted at each rank: rank j's
+    chunk r lands in rank r's out[j] either way."""
+    try:
+        dist.all_to_all(out, chunks)
+    except RuntimeError as error:
+        if "does not support alltoall" not in str(error):
+            raise
+        rank = dist.get_rank()
+        for src in range(dist.get_world_size()):
+            dist.scatter(out[src], chunks if rank == src else None, src=src)
 
 
 def _bit(rank: int, slot: int, world_size: int) -> float:

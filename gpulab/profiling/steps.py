@@ -29,7 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, record_function, schedule
 
 from gpulab.profiling.result import ProfileResult
-from gpulab.profiling.trace import PHASES, records_from_events
+from gpulab.profiling.trace import PHASES, profiled_events, records_from_events
 from gpulab.train import autocast, cross_entropy, resolve_amp
 
 KINETO_QUIET = "6"  # above every Kineto log level (ERROR is 4, its start/stop notices 5)
@@ -142,7 +142,7 @@ def profile_steps(step_fn, loader=None, optimizer=None, *, steps: int = 5, warmu
 
     def on_trace_ready(prof):
         # Called once, at the end of the recorded steps: keep plain records and the JSON.
-        captured["records"] = records_from_events(prof.events())
+        captured["records"] = records_from_events(profiled_events(prof))
         fd, tmp = tempfile.mkstemp(suffix=".json", prefix="gpulab_trace_")
         os.close(fd)
         try:

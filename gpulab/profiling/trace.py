@@ -74,6 +74,26 @@ def _outermost(event) -> bool:
     return True
 
 
+def profiled_events(prof):
+    """prof.events(), each with its `input_dtypes`. Before torch 2.12 a FunctionEvent has no
+    such field: the dtypes stay on the profiler's kineto events, which share the FunctionEvent's
+    id as their correlation id."""
+    events = prof.events()
+    if events and not hasattr(events[0], "input_dtypes"):
+        from torch.autograd import DeviceType
+
+        dtypes = {k.correlation_id(): list(k.dtypes())
+                  for k in prof.profiler.kineto_results.events()
+                  if k.device_type() == DeviceType.CPU}
+        for e in events:
+            e.input_dtypes = dtypes.get(e.id, [])
+    return events
+
+
+def _dtypes(event) -> list:
+    return getattr(event, "input_dtypes", None) or []  # none known: bytes count as 0
+
+
 def records_from_events(events):
     """(steps, phases, ops, kernels) from a profiler's events(): lists of Span, Span, OpCall,
     Span. Phases are the outermost PHASES annotations; kernels are device activity (kernels,
@@ -112,9 +132,9 @@ def records_from_events(events):
                 doer = max([e, *below], key=lambda d: d.flops or 0)
                 call.update(outermost=True,
                             work_flops=float(sum(d.flops or 0 for d in [e, *below])),
-                            work_bytes=float(op_bytes(e.name, e.input_shapes, e.input_dtypes)
+                            work_bytes=float(op_bytes(e.name, e.input_shapes, _dtypes(e))
                                              if moved else 0),
-                            dtype=op_dtype(doer.input_dtypes if doer.flops else e.input_dtypes))
+                            dtype=op_dtype(_dtypes(doer if doer.flops else e)))
             ops.append(OpCall(**call))
     steps.sort(key=lambda s: s.start_s)
     return steps, phases, ops, kernels
