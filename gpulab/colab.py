@@ -96,7 +96,8 @@ def for_local_repository(args: list[str], release: Release, root: Path) -> list[
     """The same pip arguments, installing from the git repository at `root` (its HEAD) instead
     of the published tag: what a test can reach without the network."""
     published = f"git+{release.repository}@{release.tag}"
-    local = f"git+{Path(root).resolve().as_uri()}"
+    # "localhost": pip before 24.1 refuses a git+file URL without a host; git accepts either.
+    local = f"git+file://localhost{Path(root).resolve().as_posix()}"
     swapped = [arg.replace(published, local) for arg in args]
     if swapped == args:
         raise ValueError(f"{published!r} is not in the pip arguments {args}: nothing to swap")
