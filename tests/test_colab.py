@@ -22,9 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RELEASE = Release("https://github.com/someone/course", "v1.2.3")
 
 
-def setup_cell(nb) -> nbformat.NotebookNode:
-    (cell,) = [c for c in nb.cells if c.get("id") == colab.SETUP_ID]
-    return cell
+def setup_cell(nb, name="the notebook") -> nbformat.NotebookNode:
+    found = [c for c in nb.cells if c.get("id") == colab.SETUP_ID]
+    assert len(found) == 1, (
+        f"{name} has {len(found)} Colab setup cells, not one: run `python -m gpulab.colab`, then "
+        "`python -m autograder release LAB` for a lab")
+    return found[0]
 
 
 # ------------------------------------------------------------------------ the committed notebooks
@@ -51,7 +54,8 @@ def test_setup_is_the_first_code_cell_and_imports_no_gpulab(path):
     """`import gpulab` must still come before numba.cuda: the setup cell imports neither."""
     nb = nbformat.read(path, as_version=4)
     first_code = next(c for c in nb.cells if c.cell_type == "code")
-    assert first_code.get("id") == colab.SETUP_ID
+    assert first_code.get("id") == colab.SETUP_ID, (
+        "the first code cell is not the Colab setup cell: run `python -m gpulab.colab`")
     tree = ast.parse(TransformerManager().transform_cell(first_code.source))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -63,7 +67,7 @@ def test_released_labs_carry_the_locked_cells_and_open_the_learner_version():
     for lab in sorted(p for p in (ROOT / "labs").iterdir() if p.is_dir()):
         for path in lab.glob("*.ipynb"):
             nb = nbformat.read(path, as_version=4)
-            cell = setup_cell(nb)
+            cell = setup_cell(nb, path.relative_to(ROOT))
             assert cell.metadata["nbgrader"]["locked"] and not cell.metadata["nbgrader"]["grade"]
             (badge,) = [c for c in nb.cells if c.get("id") == colab.BADGE_ID]
             assert f"/labs/{lab.name}/{path.name})" in badge.source
