@@ -141,8 +141,8 @@ def test_the_solutions_pass():
 
 def test_the_released_stubs_read_not_started():
     lab1 = lab_namespace("lab1_cuda_kernels", {"waves": None, "saxpy": None}, released=True)
-    for part, says in (("waves", "n_waves is still None"),
-                       ("saxpy", "saxpy raises NotImplementedError()")):
+    for part, says in (("waves", "Still None: n_waves, tail_utilization, utilization."),
+                       ("saxpy", "Still `raise NotImplementedError()`: saxpy.")):
         (result,) = run_self_checks("lab1", part, namespace=lab1, progress=False).results
         assert result.status == NOT_STARTED and says in result.message, result
     # Classes: the methods still to write are named; no process starts for them.
@@ -154,6 +154,7 @@ def test_the_released_stubs_read_not_started():
     lab5 = lab_namespace("lab5_parallelism_across_nodes", {"tp_linear": None}, released=True)
     (result,) = run_self_checks("lab5", "tp_linear", namespace=lab5, progress=False).results
     assert result.status == NOT_STARTED and "CopyToTP.backward" in result.message
+    assert "and 4 more" in result.message  # 8 stub methods: the first 4 named
 
 
 def test_a_missing_definition_says_which_cell_to_run():

@@ -46,9 +46,7 @@ def check_part(part: Part, namespace: dict) -> PartResult:
                           f"{'it' if len(missing) == 1 else 'them'} (and the cells above it).")
     stubs = _stubs(part, namespace)
     if stubs:
-        return PartResult(part.name, part.points, NOT_STARTED,
-                          f"Still the stub: {'; '.join(stubs)}. Replace `raise "
-                          "NotImplementedError()` (or the None) with your answer and run the cell.")
+        return PartResult(part.name, part.points, NOT_STARTED, _still_to_do(stubs, namespace))
     import gpulab.checks  # torch and numba: only when a check runs
 
     printed = io.StringIO()
@@ -77,7 +75,20 @@ def _stubs(part: Part, namespace: dict) -> list[str]:
             found += unfinished(name, namespace[name])
         except Exception:  # an odd object: let its checker say what is wrong with it
             continue
-    return [s if " is still None" in s else f"{s} raises NotImplementedError()" for s in found]
+    return found
+
+
+def _still_to_do(stubs: list[str], namespace: dict, most: int = 4) -> str:
+    """'Still None: a, b.' and/or 'Still `raise NotImplementedError()`: f, C.m.'"""
+    def listed(names):
+        more = f" and {len(names) - most} more" if len(names) > most else ""
+        return ", ".join(names[:most]) + more
+
+    empty = [name for name in stubs if namespace.get(name, ...) is None]
+    raising = [name for name in stubs if name not in empty]
+    said = ([f"Still None: {listed(empty)}."] if empty else []) + (
+        [f"Still `raise NotImplementedError()`: {listed(raising)}."] if raising else [])
+    return " ".join(said) + " Write your answer in place of the stub and run its cell."
 
 
 def run_self_checks(lab: str, part: str | None = None, *, namespace: dict | None = None,

@@ -37,9 +37,10 @@ def _python_function(obj):
 
 
 def unfinished(name: str, value) -> list[str]:
-    """What is still the stub in the learner's `value` (named `name`): [] when nothing is."""
+    """What is still the stub in the learner's `value` (named `name`): [] when nothing is;
+    [name] for a None or a stub function; ["Cls.method", ...] for a class's stub methods."""
     if value is None:
-        return [f"{name} is still None"]
+        return [name]
     if inspect.isclass(value):
         own = vars(value)
         return [f"{name}.{attr}" for attr, member in own.items()
