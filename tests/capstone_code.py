@@ -1,0 +1,76 @@
+"""The capstone's learner functions, written as a learner would (the solution notebook holds the
+same code), and known-wrong versions of each, for the tests of gpulab.capstone and its checkers.
+Each wrong version is a mistake a learner makes; its docstring says which.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from gpulab.distributed.tp_dtensor import block_tp_plan
+from gpulab.memory import checkpoint_blocks, estimate_transformer, model_states
+
+
+def shard_model(model, mesh, plan):
+    """TP inside the node (optional), checkpointing, then FSDP2 per Block and at the root."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if plan.tp_size > 1:
+        for block in model.blocks:
+            parallelize_module(block, mesh["tp"], block_tp_plan())
+    if plan.activation_checkpointing:
+        checkpoint_blocks(model)
+    policy = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=torch.float32)
+    for block in model.blocks:  # each Block its own all-gather unit
+        fully_shard(block, mesh=mesh["dp"], mp_policy=policy)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=policy)
+    return model
+
+
+def save_checkpoint(folder, model, optimizer, step):
+    """A DCP checkpoint per save, in its own folder: a kill mid-save leaves the last one whole."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state},
+             checkpoint_id=Path(folder) / f"step_{step:06d}")
+
+
+def load_checkpoint(folder, model, optimizer):
+    """Resume from the newest complete checkpoint (DCP writes .metadata last); 0 if none."""
+    done = sorted(p for p in Path(folder).glob("step_*") if (p / ".metadata").exists())
+    if not done:
+        return 0
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=done[-1])
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    return int(done[-1].name.removeprefix("step_"))
+
+
+def predict_memory(config, plan):
+    """Per-rank peak bytes: fp32 shards of weights and AdamW state (ZeRO-3), the gradient shard
+    and a Block's reduce-scatter buffer while microbatches accumulate, one microbatch's activations in the gathered dtype, the
+    root's gathered weights and two Blocks' worth of gathered weights (the running Block and
+    its all-gather buffer)."""
+    states = model_states(config.n_params, "fp32", "adamw", zero_stage=3,
+                          world_size=plan.dp_size)
+    dtype = {"bf16": "bf16", "fp16": "bf16", "fp32": "fp32"}[plan.precision]
+    step = estimate_transformer(config.n_layer, config.n_embd, config.n_head, config.seq_len,
+                                plan.micro_batch_size(config), vocab_size=config.vocab_size,
+                                optimizer="adamw", precision=dtype, device_type="cpu",
+                                checkpointing=plan.activation_checkpointing)
+    itemsize = 4 if plan.precision == "fp32" else 2
+    C = config.n_embd
+    block = (12 * C * C + 13 * C) // plan.tp_size
+    root = config.n_params - config.n_layer * (12 * C * C + 13 * C)
+    gathered = (root + 2 * block) * itemsize
+    # With accumulation the peak moves into backward: the gradient shard is already there, and
+    # a Block's whole fp32 gradient waits in the reduce-scatter buffer.
+    grads = states.grad_bytes + 4 * block if plan.grad_accum_steps > 1 else 0
+    return (states.param_bytes + states.optimizer_state_bytes + grads
+            + step.peak.activations + step.peak.temporary + gathered)
