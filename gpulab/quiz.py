@@ -13,6 +13,9 @@ the buttons, so it is gone at grading time. What the grader sees is the answer c
 stores the pick in the notebook's variable (so that the check below can run at once) as a
 `Pick`, a str that remembers it came from a click, and `check_pick` refuses a Pick until the
 line is in the answer cell. The answer cell's plain "c" is what the grader then sees.
+(Nothing else persists into grading: JupyterLab can save widget state in the notebook's
+metadata, but a re-run kernel never reads it back and Colab does not save it; and a frontend
+script that edits the answer cell is blocked in Colab, whose outputs live in sandboxed frames.)
 
 Without ipywidgets (or outside a kernel) `choose` shows the choices as text; `Picker.pick`
 does what a click does. Checks raise AssertionError with a message that teaches and that never
@@ -26,7 +29,6 @@ import html
 import math
 import numbers
 
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 STUB_HINT = "Replace `raise NotImplementedError()` with your code."
 
 
