@@ -54,9 +54,9 @@ def load_checkpoint(folder, model, optimizer):
 
 def predict_memory(config, plan):
     """Per-rank peak bytes: fp32 shards of weights and AdamW state (ZeRO-3), the gradient shard
-    and a Block's reduce-scatter buffer while microbatches accumulate, one microbatch's activations in the gathered dtype, the
-    root's gathered weights and two Blocks' worth of gathered weights (the running Block and
-    its all-gather buffer)."""
+    and a Block's reduce-scatter buffer while microbatches accumulate, one microbatch's
+    activations in the gathered dtype, the root's gathered weights and two Blocks' worth of
+    gathered weights (the running Block and its all-gather buffer)."""
     states = model_states(config.n_params, "fp32", "adamw", zero_stage=3,
                           world_size=plan.dp_size)
     dtype = {"bf16": "bf16", "fp16": "bf16", "fp32": "fp32"}[plan.precision]
@@ -74,3 +74,32 @@ def predict_memory(config, plan):
     grads = states.grad_bytes + 4 * block if plan.grad_accum_steps > 1 else 0
     return (states.param_bytes + states.optimizer_state_bytes + grads
             + step.peak.activations + step.peak.temporary + gathered)
+
+
+# ----------------------------------------------------------------------------- known-wrong
+
+
+def shard_root_only(model, mesh, plan):
+    """One fully_shard at the root: every weight is gathered for the whole forward."""
+    policy = MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=torch.float32)
+    fully_shard(model, mesh=mesh["dp"], mp_policy=policy)
+    return model
+
+
+def load_restarting(folder, model, optimizer):
+    """Loads the newest checkpoint but says it is at step 0: the run starts over."""
+    load_checkpoint(folder, model, optimizer)
+    return 0
+
+
+def predict_unsharded(config, plan):
+    """Forgets that FSDP2 shards the model states: one device's whole step."""
+    return estimate_transformer(config.n_layer, config.n_embd, config.n_head, config.seq_len,
+                                plan.micro_batch_size(config), vocab_size=config.vocab_size,
+                                optimizer="adamw", precision="bf16-autocast",
+                                device_type="cpu").peak_bytes
+
+
+def shard_model_stub(model, mesh, plan):
+    """Apply the plan; return the model."""
+    raise NotImplementedError()

@@ -1,0 +1,61 @@
+"""The capstone's checkers against known-wrong learner code (tests/capstone_code.py). Each
+cluster launch costs 10-40 s, so the right answers are graded once, end to end, in
+tests/test_capstone_grading.py; here each launch is a mistake that must fail, and teach."""
+
+import pytest
+from capstone_code import (
+    load_restarting,
+    predict_memory,
+    save_checkpoint,
+    shard_model,
+    shard_model_stub,
+    shard_root_only,
+)
+
+from gpulab.capstone import ParallelPlan
+from gpulab.checks.capstone import (
+    check_elastic_resume,
+    check_memory_plan,
+    check_sharded_training,
+)
+from gpulab.distributed.tp_dtensor import parallelize_block
+
+pytestmark = [pytest.mark.capstone]
+PLAN = ParallelPlan(dp_size=4, precision="bf16", budget_bytes=32 * 2**20)
+
+
+def test_a_stub_is_refused_before_any_launch():
+    with pytest.raises(AssertionError, match="raised NotImplementedError.*Replace `raise"):
+        check_sharded_training(shard_model_stub, PLAN)
+
+
+def test_gpulab_functions_earn_nothing():
+    with pytest.raises(AssertionError, match="gpulab's .*write your own"):
+        check_sharded_training(parallelize_block, PLAN)
+
+
+def test_a_plan_that_cannot_run_says_why():
+    with pytest.raises(AssertionError, match="PLAN: .*but the cluster has 4 ranks"):
+        check_sharded_training(shard_model, ParallelPlan(dp_size=2))
+    with pytest.raises(AssertionError, match="make it a gpulab.capstone.ParallelPlan"):
+        check_memory_plan(predict_memory, shard_model, {"dp_size": 4})
+
+
+def test_a_prediction_that_is_not_a_number_is_refused_before_any_launch():
+    with pytest.raises(AssertionError, match="return the predicted peak bytes"):
+        check_memory_plan(lambda config, plan: "8 MiB", shard_model, PLAN)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_sharding_only_the_root_is_caught():
+    with pytest.raises(AssertionError, match=r"Blocks \[0, 1, 2, 3\] are not FSDPModules"):
+        check_sharded_training(shard_root_only, PLAN, steps=2)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_resume_that_starts_over_is_caught():
+    with pytest.raises(AssertionError, match="started over from step 0.*newest complete "
+                                             "checkpoint is step 4's"):
+        check_elastic_resume(shard_model, save_checkpoint, load_restarting, PLAN)
