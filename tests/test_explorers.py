@@ -51,8 +51,7 @@ def test_roofline_defaults_by_hand():
 
 def test_roofline_widgets_move_the_op_off_the_compute_roof():
     ex = roofline_explorer(interactive=True)
-    ex.widget()
-    ex._widgets["op"].value = "softmax"  # what a learner's click does
+    ex.widgets["op"].value = "softmax"  # what a learner's click does
     p = ex.result
     assert ex.values["op"] == "softmax"
     # softmax: 5 FLOPs per element over one read and one write of 2 bytes: 1.25 FLOP/byte.
@@ -101,12 +100,11 @@ def test_waves_defaults_by_hand():
 
 def test_waves_widgets_change_the_launch():
     ex = waves_explorer(interactive=True)
-    ex.widget()
-    ex._widgets["threads_per_block"].value = 128  # 288 blocks: 2.67 waves, run as 3
+    ex.widgets["threads_per_block"].value = 128  # 288 blocks: 2.67 waves, run as 3
     assert ex.result.waves == hw.waves(288, "A100 80GB SXM")
     assert ex.result.waves.utilization == pytest.approx(288 / 324)
-    ex._widgets["n_elements"].value = 1000  # 8 blocks of 128, the last with 24 idle threads
-    ex._widgets["blocks_per_sm"].value = 2
+    ex.widgets["n_elements"].value = 1000  # 8 blocks of 128, the last with 24 idle threads
+    ex.widgets["blocks_per_sm"].value = 2
     r = ex.result
     assert (r.blocks, r.idle_threads, r.waves.slots) == (8, 24, 216)
     assert "24 idle threads" in shown_text(ex) and "2 resident blocks per SM" in shown_text(ex)
@@ -136,15 +134,13 @@ def test_pipeline_defaults_by_hand():
 
 def test_pipeline_widgets_switch_schedules():
     ex = pipeline_explorer(interactive=True)
-    ex.widget()
-    ex._widgets["schedule"].value = "GPipe"  # same bubble, every stage holds all m
+    ex.widgets["schedule"].value = "GPipe"  # same bubble, every stage holds all m
     assert ex.result.peak_in_flight == [8, 8, 8, 8]
     assert ex.result.bubble_fraction == pytest.approx(3 / 11)
-    ex._widgets["schedule"].value = "interleaved 1F1B"  # v=2 halves the bubble: 3/19
+    ex.widgets["schedule"].value = "interleaved 1F1B"  # v=2 halves the bubble: 3/19
     assert ex.result.bubble_fraction == pytest.approx(3 / 19)
-    ex._widgets["pp_size"].value = 8
-    ex._widgets["n_microbatches"].value = 16
-    ex._widgets["n_chunks"].value = 4
+    ex.set(pp_size=8, n_microbatches=16, n_chunks=4)  # moves the widgets, renders once
+    assert [ex.widgets[n].value for n in ("pp_size", "n_microbatches", "n_chunks")] == [8, 16, 4]
     want = sched.schedule_interleaved_1f1b(8, 16, 4)
     assert ex.result.actions == want.actions
     assert ex.result.bubble_fraction == pytest.approx(sched.bubble_fraction_theory(8, 16, 4))
@@ -173,10 +169,9 @@ def test_memory_defaults_by_hand():
 
 def test_memory_widgets_shard_and_checkpoint():
     ex = memory_explorer(interactive=True)
-    ex.widget()
-    ex._widgets["zero_stage"].value = 3
+    ex.widgets["zero_stage"].value = 3
     assert "world_size >= 2" in ex.error  # ZeRO on one GPU shards over nothing
-    ex._widgets["world_size"].value = 8
+    ex.widgets["world_size"].value = 8
     plan = ex.result
     # ZeRO-3 over 8 ranks: each keeps 1/8 of 16 bytes per parameter: 2 bytes.
     assert plan.estimate.model_states().total_bytes == 2 * N_6_7B
@@ -187,7 +182,7 @@ def test_memory_widgets_shard_and_checkpoint():
                                 world_size=8)
     assert plan.estimate == want
     activations = plan.estimate.napkin.activations
-    ex._widgets["checkpointing"].value = True
+    ex.widgets["checkpointing"].value = True
     assert ex.result.estimate.checkpointing
     assert ex.result.estimate.napkin.activations < activations / 4  # one input per Block
 

@@ -108,6 +108,7 @@ class Explorer:
         self._widgets: dict = {}  # name -> ipywidget, once built
         self._output = None  # the ipywidgets.Output the rendering goes to
         self._box = None
+        self._holding = False  # True while set() moves several widgets at once
         self.set(**values)
 
     def set(self, **values) -> Explorer:
@@ -119,8 +120,13 @@ class Explorer:
             self.controls[name].check(value)
         self.values.update(values)
         if self._box is not None:
-            for name, value in values.items():
-                self._widgets[name].value = value  # each change re-renders, as in the notebook
+            self._holding = True  # move every widget first, then render once
+            try:
+                for name, value in values.items():
+                    self._widgets[name].value = value
+            finally:
+                self._holding = False
+            self._render()
         return self
 
     @property
@@ -175,13 +181,21 @@ class Explorer:
         return self._box
 
     @property
+    def widgets(self) -> dict:
+        """name -> the ipywidget of that control (building the live view if needed): setting
+        one's .value is what a learner's click does."""
+        self.widget()
+        return dict(self._widgets)
+
+    @property
     def outputs(self) -> tuple:
         """What the live view shows under the controls now (notebook output dicts)."""
         return self._output.outputs if self._output is not None else ()
 
     def _changed(self, name: str, value) -> None:
         self.values[name] = value
-        self._render()
+        if not self._holding:
+            self._render()
 
     def _render(self) -> None:
         # Outputs set on the widget's state, not captured with `with output:`: the same on
