@@ -81,6 +81,8 @@ class MemoryEstimate:
         from gpulab.hardware import get_gpu
 
         spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        # Datasheets say GB, but the cards hold about that many GiB: an H100 80GB reports
+        # 81,559 MiB (79.6 GiB) to nvidia-smi, far more than 80e9 bytes.
         return self.peak_bytes + context_bytes <= spec.memory_gb * 2**30
 
     def table(self) -> str:
