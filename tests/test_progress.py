@@ -244,6 +244,21 @@ def test_progress_reads_the_notebooks_own_definitions():
     assert "0 of 1 parts pass" in run.stdout and "That is GPipe" in run.stdout, run.stdout
 
 
+SCRIPT = """
+import gpulab
+def one_f_one_b_stage(p, m, stage):
+    return [x for i in range(m) for x in (("F", i), ("B", i))]
+gpulab.progress("lab5", part="one_f_one_b", progress=False)
+"""
+
+
+def test_progress_in_a_script_reads_the_scripts_globals():
+    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"one_f_one_b\s+4\s+fail", run.stdout), run.stdout
+
+
 def test_gpulab_progress_loads_neither_torch_nor_numba_cuda():
     code = ("import sys, gpulab; before = set(sys.modules); gpulab.progress; "
             "print(sorted(m for m in set(sys.modules) - before "

@@ -98,8 +98,7 @@ def run_self_checks(lab: str, part: str | None = None, *, namespace: dict | None
     from tqdm.auto import tqdm
 
     parts = find_parts(lab, part)
-    if namespace is None:
-        namespace = _notebook_namespace() or sys._getframe(1).f_globals
+    namespace = _learner_namespace(namespace, sys._getframe(1).f_globals)
     results = []
     with tqdm(parts, desc=find_lab(lab).split("_", 1)[0], unit="part", leave=False,
               disable=not progress) as bar:  # closed on Ctrl-C too
@@ -115,8 +114,7 @@ def progress(lab: str, part: str | None = None, *, namespace: dict | None = None
     if os.environ.get(GRADING_VARIABLE) == "1":
         print(f"gpulab.progress({lab!r}) skipped while grading: the grader runs the tests.")
         return
-    if namespace is None:
-        namespace = _notebook_namespace() or sys._getframe(1).f_globals
+    namespace = _learner_namespace(namespace, sys._getframe(1).f_globals)
     report = run_self_checks(lab, part, namespace=namespace, progress=progress)
     try:
         from IPython import get_ipython
@@ -129,14 +127,17 @@ def progress(lab: str, part: str | None = None, *, namespace: dict | None = None
         print(report)
 
 
-def _notebook_namespace() -> dict | None:
-    """The IPython user namespace (the notebook's variables), or None outside IPython."""
+def _learner_namespace(namespace: dict | None, caller_globals: dict) -> dict:
+    """`namespace` when given; else the notebook's variables (IPython's user namespace);
+    else, outside IPython (a script), the caller's globals."""
+    if namespace is not None:
+        return namespace
     try:
         from IPython import get_ipython
     except ImportError:
-        return None
+        return caller_globals
     shell = get_ipython()
-    return shell.user_ns if shell is not None else None
+    return shell.user_ns if shell is not None else caller_globals
 
 
 __all__ = ["LABS", "FAIL", "NOT_DEFINED", "NOT_STARTED", "PASS", "PartResult", "Report",
