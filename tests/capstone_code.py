@@ -86,12 +86,6 @@ def shard_root_only(model, mesh, plan):
     return model
 
 
-def load_restarting(folder, model, optimizer):
-    """Loads the newest checkpoint but says it is at step 0: the run starts over."""
-    load_checkpoint(folder, model, optimizer)
-    return 0
-
-
 def predict_unsharded(config, plan):
     """Forgets that FSDP2 shards the model states: one device's whole step."""
     return estimate_transformer(config.n_layer, config.n_embd, config.n_head, config.seq_len,

@@ -1,10 +1,11 @@
 """The capstone's checkers against known-wrong learner code (tests/capstone_code.py). Each
 cluster launch costs 10-40 s, so the right answers are graded once, end to end, in
-tests/test_capstone_grading.py; here each launch is a mistake that must fail, and teach."""
+tests/test_capstone_grading.py, whose known mistakes test the memory and resume checkers; here
+the training checker meets a mistake on the cluster, and every checker its cheap refusals."""
 
 import pytest
 from capstone_code import (
-    load_restarting,
+    load_checkpoint,
     predict_memory,
     save_checkpoint,
     shard_model,
@@ -16,6 +17,7 @@ from gpulab.capstone import ParallelPlan
 from gpulab.checks.capstone import (
     check_elastic_resume,
     check_memory_plan,
+    check_prediction_follows_plan,
     check_sharded_training,
 )
 from gpulab.distributed.tp_dtensor import parallelize_block
@@ -27,6 +29,17 @@ PLAN = ParallelPlan(dp_size=4, precision="bf16", budget_bytes=32 * 2**20)
 def test_a_stub_is_refused_before_any_launch():
     with pytest.raises(AssertionError, match="raised NotImplementedError.*Replace `raise"):
         check_sharded_training(shard_model_stub, PLAN)
+
+
+def test_a_stub_checkpoint_function_is_refused_before_any_launch():
+    with pytest.raises(AssertionError, match="shard_model would have raised NotImplementedError"):
+        check_elastic_resume(shard_model_stub, save_checkpoint, load_checkpoint, PLAN)
+
+
+def test_a_prediction_that_ignores_the_plan_is_caught_without_a_launch():
+    check_prediction_follows_plan(predict_memory, PLAN)
+    with pytest.raises(AssertionError, match="with dp_size 4 instead of 2.*it must fall"):
+        check_prediction_follows_plan(lambda config, plan: 8 * 2**20, PLAN)
 
 
 def test_gpulab_functions_earn_nothing():
@@ -51,11 +64,3 @@ def test_a_prediction_that_is_not_a_number_is_refused_before_any_launch():
 def test_sharding_only_the_root_is_caught():
     with pytest.raises(AssertionError, match=r"Blocks \[0, 1, 2, 3\] are not FSDPModules"):
         check_sharded_training(shard_root_only, PLAN, steps=2)
-
-
-@pytest.mark.dist
-@pytest.mark.slow
-def test_a_resume_that_starts_over_is_caught():
-    with pytest.raises(AssertionError, match="started over from step 0.*newest complete "
-                                             "checkpoint is step 4's"):
-        check_elastic_resume(shard_model, save_checkpoint, load_restarting, PLAN)

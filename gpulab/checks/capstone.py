@@ -5,6 +5,7 @@ here, never with what the notebook claims.
 
     check_sharded_training(shard_model, plan)                     # losses vs one process
     check_memory_plan(predict_memory, shard_model, plan)          # budget, prediction within 10%
+    check_prediction_follows_plan(predict_memory, plan)           # no launch: reads the plan
     check_elastic_resume(shard_model, save_checkpoint, load_checkpoint, plan)   # kill, resume
 
 Each check is one launch (10-40 s on 2 busy cores). A function still holding the release's
@@ -14,14 +15,12 @@ Taught in: the capstone, which puts lessons 03-08 together
 
 from __future__ import annotations
 
-import ast
-import inspect
 import shutil
 import tempfile
-import textwrap
 from pathlib import Path
 
 from gpulab.capstone import ParallelPlan, capstone_config, reference_losses, run_capstone
+from gpulab.capstone.launch import is_stub
 from gpulab.checks.lab3 import learner_frames
 from gpulab.checks.lab5_cluster_script import SourceNotFound
 from gpulab.checks.training import _require_own_function
@@ -34,32 +33,15 @@ PREDICTION_TOLERANCE = 0.10  # |predicted / measured - 1|
 
 def loss_tolerance() -> float:
     """How far a step's loss may be from the one-process fp32 reference: bf16 weights move the
-    tiny GPT's loss by < 0.01 over a dozen steps (tests/test_capstone_units.py)."""
+    tiny GPT's loss by < 0.01 over its first steps (tests/test_capstone_units.py)."""
     import gpulab
 
-    return gpulab.runner.pick(cpu=0.02, gpu=0.05)
-
-
-def _is_stub(fn) -> bool:
-    """The body (after its docstring) is the release's `raise NotImplementedError()`."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
-                                                              ast.Constant):
-        body = body[1:]
-    first = body[0] if body else None
-    if not isinstance(first, ast.Raise) or first.exc is None:
-        return False
-    exc = first.exc.func if isinstance(first.exc, ast.Call) else first.exc
-    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+    return gpulab.runner.pick(cpu=0.03, gpu=0.05)
 
 
 def _require(fn, name: str) -> None:
     _require_own_function(fn, name)
-    if _is_stub(fn):
+    if is_stub(fn):
         raise AssertionError(f"{name} would have raised NotImplementedError on every rank: it "
                              f"is still the stub. {STUB_HINT}")
 
@@ -207,6 +189,32 @@ def check_memory_plan(predict_memory, shard_model, plan, *, seed: int = 0,
             f"peak the rank held: {shown}. Each rank keeps 1/dp_size of the fp32 weights and "
             "AdamW state (model_states with zero_stage=3), one microbatch's activations in the "
             "gathered dtype (estimate_transformer), and the Blocks gathered at that moment.")
+
+
+def check_prediction_follows_plan(predict_memory, plan, *, seed: int = 0) -> None:
+    """No launch: predict_memory must read the plan. More data-parallel ranks share the model
+    states (less per rank); checkpointing and more microbatches shrink the activations."""
+    import dataclasses
+
+    _require_own_function(predict_memory, "predict_memory")
+    config = capstone_config(None, seed=seed)
+    base = dataclasses.replace(plan, tp_size=1, activation_checkpointing=False,
+                               grad_accum_steps=1)
+    cases = (("dp_size 4 instead of 2", dataclasses.replace(base, dp_size=2),
+              dataclasses.replace(base, dp_size=4, grad_accum_steps=2)),
+             ("activation checkpointing on", base,
+              dataclasses.replace(base, activation_checkpointing=True)))
+    for change, before, after in cases:
+        try:
+            old, new = predict_memory(config, before), predict_memory(config, after)
+        except NotImplementedError:
+            raise AssertionError(f"predict_memory raised NotImplementedError. {STUB_HINT}") \
+                from None
+        if not new < old:
+            raise AssertionError(f"predict_memory gives {format_bytes(int(new))} with "
+                                 f"{change}, against {format_bytes(int(old))} before: it must "
+                                 "fall. Read dp_size, micro_batch_size and "
+                                 "activation_checkpointing from the plan.")
 
 
 # ----------------------------------------------------------------------------- resume
