@@ -25,7 +25,8 @@ import nbformat
 # measure memory (gpulab.memory) and time (the clock, the slow pipeline they race against).
 CHECKER_MODULES = ("gpulab.checks", "gpulab.sim", "numpy.testing", "torch", "torch.nn.functional")
 CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "gpulab.distributed.*", "gpulab.memory.*",
-                 "gpulab.profiling.*", "gpulab.slow_pipeline", "gpulab.timing", "gpulab.models",
+                 "gpulab.profiling.*", "gpulab.capstone.*", "gpulab.slow_pipeline",
+                 "gpulab.timing", "gpulab.models",
                  "gpulab.data", "numpy", "numpy.testing", "torch", "torch.nn.functional",
                  "torch.cuda", "time", "resource")
 
