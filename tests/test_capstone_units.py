@@ -20,7 +20,7 @@ pytestmark = pytest.mark.capstone
 
 def test_presets_are_tiny_on_cpu_and_hundreds_of_millions_on_gpu():
     assert capstone_config().name == "tiny"  # the cpu runner's pick here
-    tiny, big = PRESETS["tiny"], PRESETS["gpt-350m"]
+    tiny, big = PRESETS["tiny"], PRESETS["gpt-400m"]
     assert tiny.n_params == sum(p.numel() for p in GPT(tiny.model).parameters())
     assert tiny.n_params < 2e6
     assert 300e6 < big.n_params < 450e6

@@ -1,6 +1,6 @@
 """The capstone: distributed training of a GPT, end to end (lessons 03-08 put together).
 
-    config = capstone_config()                       # "tiny" on the cpu runner, "gpt-350m" on gpu
+    config = capstone_config()                       # "tiny" on the cpu runner, "gpt-400m" on gpu
     plan = ParallelPlan(dp_size=4, precision="bf16", budget_bytes=32 * 2**20)
     run = run_capstone(shard_model, save_checkpoint, load_checkpoint, plan=plan, config=config,
                        checkpoint_dir="ckpt", kill_at_step=6, max_restarts=1)
