@@ -4,8 +4,9 @@ release (labs/capstone_distributed_gpt, made by `python -m autograder release
 capstone_distributed_gpt`). Every graded part starts a real 2-node x 2-process cluster from
 inside the grading kernel.
 
-Three learners hand in, graded in one batch: the full solution, the untouched release and one
-submission with two independent mistakes (a memory prediction that forgets FSDP2's sharding, a
+Four learners hand in, graded in one batch: the full solution, the untouched release, a learner
+who loosens the checker (tests/hostile/cases.py: CAPSTONE), and one submission with two
+independent mistakes (a memory prediction that forgets FSDP2's sharding, a
 resume that leaves the optimizer's state behind), each costing exactly its part with the
 checker's teaching message. The written answer (Part 4) is left for a person: autograding gives
 it no score (the release's untouched answer gets nbgrader's 0), and the release does not contain
@@ -18,6 +19,8 @@ import dataclasses
 import re
 
 import pytest
+from hostile import CAPSTONE as HOSTILE
+from hostile import check_outcome, hand_in_all
 from lab_grading import (
     expect_no_hidden_test_in_feedback,
     expect_untouched_scores_zero,
@@ -61,8 +64,12 @@ class BothMistakes(Lab):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     lab = BothMistakes(CAPSTONE.name)
-    return grade_batch(lab, (), tmp_path_factory.mktemp("capstone"), POINTS,
-                       extra=lambda folder: lab.hand_in(folder, "two_mistakes", lab.with_both()))
+
+    def extra(folder):
+        lab.hand_in(folder, "two_mistakes", lab.with_both())
+        hand_in_all(folder, HOSTILE)
+
+    return grade_batch(lab, (), tmp_path_factory.mktemp("capstone"), POINTS, extra=extra)
 
 
 def test_the_capstone_states_its_points():
@@ -112,6 +119,11 @@ def test_each_mistake_costs_exactly_its_part_and_teaches(graded, mistake):
     assert re.search(mistake.teaching, error.evalue, re.S), error.evalue
     _, text = graded.feedback["two_mistakes"]
     assert re.search(mistake.teaching, text, re.S)
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=lambda case: case.student_id)
+def test_tampering_with_the_checker_earns_nothing(graded, case):
+    check_outcome(case, graded.results[case.student_id])
 
 
 def test_no_feedback_page_shows_a_hidden_test(graded):

@@ -9,9 +9,20 @@ tests/test_autograder_integrity.py and tests/test_autograder_robustness.py, in a
 """
 
 from hostile.build import check_outcome, hand_in_all
-from hostile.cases import FIXTURE_HIDDEN, INTEGRITY, LAB1, LAB2, LAB3, LAB4, ROBUSTNESS, Case
+from hostile.cases import (
+    CAPSTONE,
+    FIXTURE_HIDDEN,
+    INTEGRITY,
+    LAB1,
+    LAB2,
+    LAB3,
+    LAB4,
+    ROBUSTNESS,
+    Case,
+)
 
 __all__ = [
+    "CAPSTONE",
     "FIXTURE_HIDDEN",
     "INTEGRITY",
     "LAB1",
