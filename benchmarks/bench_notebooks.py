@@ -29,6 +29,8 @@ BUDGETS_S = {
     "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb": 240,
     "solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb": 240,
     "solutions/lab5_parallelism_across_nodes/lab5_parallelism_across_nodes.ipynb": 300,
+    # Five launches of a 2-node x 2-process cluster, two of them with a killed worker.
+    "solutions/capstone_distributed_gpt/capstone_distributed_gpt.ipynb": 480,
 }
 
 

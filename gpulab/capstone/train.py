@@ -45,7 +45,9 @@ class ReturnError(TypeError):
 
 
 def _device():
-    if torch.cuda.is_available() and os.environ.get("GPULAB_RUNNER") == "gpu":
+    import gpulab  # the runner, decided once at import (LocalCluster passes the caller's on)
+
+    if gpulab.runner.device_kind == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         return device
