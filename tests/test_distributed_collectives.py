@@ -99,7 +99,7 @@ def _gloo_without_all_to_all(*args, **kwargs):
 
 
 def test_real_collectives_follow_the_simulation_on_numbers():
-    per_rank = run_on_ranks(_on_three_ranks, 3, timeout_s=60)
+    per_rank = run_on_ranks(_on_three_ranks, 3, timeout_s=60, backend="gloo")
     before = per_rank[0][0]
     for name in COLLECTIVES:
         want = simulate(name, [[float(v) for v in row] for row in before], root=2)
@@ -152,7 +152,7 @@ def _all_reduce_variants(rank, world_size):
 
 
 def test_ring_and_tree_equal_dist_all_reduce_for_every_size_and_world_size():
-    per_rank = run_on_ranks(_all_reduce_variants, 4, timeout_s=60)
+    per_rank = run_on_ranks(_all_reduce_variants, 4, timeout_s=60, backend="gloo")
     for rank, mismatches in enumerate(per_rank):
         assert not mismatches, (
             f"rank {rank}: (algorithm, world size, size, segment) differing from "

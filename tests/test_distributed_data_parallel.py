@@ -204,7 +204,8 @@ def _ddp_checks(rank, world_size):
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
 def ddp_run(request):
-    return request.param, run_on_ranks(_ddp_checks, request.param, timeout_s=120)
+    return request.param, run_on_ranks(_ddp_checks, request.param, timeout_s=120,
+                                         backend="gloo")
 
 
 def _assert_trains_like(world_size, out, key, want, ranks=None):

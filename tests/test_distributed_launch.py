@@ -121,13 +121,13 @@ def test_ranks_return_in_order_and_notebook_functions_travel(capsys, no_leftover
 
     def launch_the_notebook_function():
         try:
-            from_thread["values"] = run_on_ranks(notebook.notebook_fn, 2)
+            from_thread["values"] = run_on_ranks(notebook.notebook_fn, 2, backend="gloo")
         except Exception as error:  # noqa: BLE001 - reported by the assertion below
             from_thread["error"] = error
 
     thread = threading.Thread(target=launch_the_notebook_function)
     thread.start()
-    values = run_on_ranks(_report, 2, 1, scale=10)
+    values = run_on_ranks(_report, 2, 1, scale=10, backend="gloo")
     thread.join()
 
     assert [v[0] for v in values] == [0, 1] and {v[1] for v in values} == {2}
@@ -155,7 +155,8 @@ def _raise_on_rank_1(rank, world_size, marker):
 
 def test_an_exception_comes_back_with_its_rank_and_traceback(tmp_path, no_leftovers):
     with pytest.raises(RankError) as caught:
-        run_on_ranks(_raise_on_rank_1, 2, str(tmp_path / "in-barrier"), timeout_s=60)
+        run_on_ranks(_raise_on_rank_1, 2, str(tmp_path / "in-barrier"), timeout_s=60,
+                     backend="gloo")
     error = caught.value
     assert error.rank == 1 and error.exc_type == "ValueError"
     assert isinstance(error.exception, ValueError)
@@ -175,7 +176,7 @@ def _exit_abruptly(rank, world_size):
 
 def test_a_rank_that_dies_is_reported_with_its_last_output(no_leftovers):
     with pytest.raises(RankError) as caught:
-        run_on_ranks(_exit_abruptly, 2, timeout_s=60)
+        run_on_ranks(_exit_abruptly, 2, timeout_s=60, backend="gloo")
     assert caught.value.rank == 1
     assert "exited with code 7" in str(caught.value)
     assert "about to vanish" in str(caught.value)
@@ -189,7 +190,7 @@ def _deadlock(rank, world_size):
 
 def test_a_deadlock_is_cut_by_the_timeout_and_says_where(no_leftovers):
     with pytest.raises(LaunchTimeout) as caught:
-        run_on_ranks(_deadlock, 2, timeout_s=2)
+        run_on_ranks(_deadlock, 2, timeout_s=2, backend="gloo")
     error = caught.value
     assert list(error.waiting) == [0], "only rank 0 was still running"
     assert "all_reduce" in error.waiting[0]
@@ -254,7 +255,7 @@ NOTEBOOK_CELLS = [
     "import gpulab\nfrom gpulab.distributed import run_on_ranks\nimport torch.distributed as dist",
     "import torch\n\ndef total(rank, world_size):\n    print('in the cell function')\n"
     "    t = torch.tensor([rank + 1.0])\n    dist.all_reduce(t)\n    return t.item()",
-    "print(run_on_ranks(total, 2))",
+    "print(run_on_ranks(total, 2, backend='gloo'))",
 ]
 
 
@@ -281,7 +282,7 @@ def wait_forever(rank, world_size, folder):
     open(os.path.join(folder, f"rank{rank}.pid"), "w").write(str(os.getpid()))
     time.sleep(600)
 
-run_on_ranks(wait_forever, 2, sys.argv[1], timeout_s=600)
+run_on_ranks(wait_forever, 2, sys.argv[1], timeout_s=600, backend="gloo")
 """
 
 

@@ -191,7 +191,7 @@ def _zero_checks(rank, world_size):
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
 def zero_run(request):
-    return request.param, run_on_ranks(_zero_checks, request.param, timeout_s=90)
+    return request.param, run_on_ranks(_zero_checks, request.param, timeout_s=90, backend="gloo")
 
 
 @pytest.mark.dist

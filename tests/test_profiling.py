@@ -301,9 +301,13 @@ def test_dtypes_come_from_kineto_events_where_function_events_lack_them():
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         a @ a
     events = prof.events()
-    want = {e.id: list(e.input_dtypes) for e in events}
-    assert any("c10::BFloat16" in d for d in want.values())
-    for e in events:
-        del e.input_dtypes
+    native = hasattr(events[0], "input_dtypes")
+    if native:  # make this torch look like an older one
+        want = {e.id: list(e.input_dtypes) for e in events}
+        for e in events:
+            del e.input_dtypes
     assert profiled_events(prof) is events
-    assert {e.id: e.input_dtypes for e in events} == want
+    got = {e.id: e.input_dtypes for e in events}
+    assert any("c10::BFloat16" in dtypes for dtypes in got.values())
+    if native:
+        assert got == want
