@@ -64,3 +64,12 @@ def test_a_prediction_that_is_not_a_number_is_refused_before_any_launch():
 def test_sharding_only_the_root_is_caught():
     with pytest.raises(AssertionError, match=r"Blocks \[0, 1, 2, 3\] are not FSDPModules"):
         check_sharded_training(shard_root_only, PLAN, steps=2)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_tensor_parallelism_inside_a_node_passes(capsys):
+    """dp_size=2 across the nodes x tp_size=2 inside each: FSDP2 on the "dp" axis of a 2-D mesh
+    around lesson 06's DTensor plan, and still the one-process losses."""
+    check_sharded_training(shard_model, ParallelPlan(dp_size=2, tp_size=2), steps=2)
+    assert "tp_size=2" in capsys.readouterr().out
