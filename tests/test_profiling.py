@@ -311,3 +311,26 @@ def test_dtypes_come_from_kineto_events_where_function_events_lack_them():
     assert any("c10::BFloat16" in dtypes for dtypes in got.values())
     if native:
         assert got == want
+
+
+def test_records_read_events_of_a_torch_without_the_newer_fields():
+    # torch 2.11's FunctionEvent has no activity_type (and older ones no is_user_annotation):
+    # phases are still found by their labels, and device copies of them are not kernels.
+    from torch.autograd import DeviceType
+
+    from gpulab.profiling.trace import records_from_events
+
+    class Old:
+        cpu_parent, cpu_children, input_shapes, flops, thread = None, [], [], 0, 1
+        self_cpu_time_total = self_device_time_total = 0
+
+        def __init__(self, name, start_us, end_us, device_type=DeviceType.CPU):
+            self.name, self.device_type = name, device_type
+            self.time_range = type("Interval", (), {"start": start_us, "end": end_us})()
+
+    events = [Old("ProfilerStep#1", 0, 100), Old("forward", 10, 50),
+              Old("forward", 12, 52, DeviceType.CUDA), Old("ampere_sgemm", 20, 40, DeviceType.CUDA)]
+    steps, phases, _, kernels = records_from_events(events)
+    assert [s.name for s in steps] == ["ProfilerStep#1"]
+    assert [p.name for p in phases] == ["forward"]
+    assert [k.name for k in kernels] == ["ampere_sgemm"]

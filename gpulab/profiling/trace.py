@@ -90,6 +90,17 @@ def profiled_events(prof):
     return events
 
 
+def _is_annotation(event) -> bool:
+    """A record_function range rather than an op. torch before 2.12 lacks activity_type (and
+    older ones is_user_annotation): there an annotation is known by the course's own labels."""
+    flag = getattr(event, "is_user_annotation", None)
+    return bool(flag) if flag is not None else _labelled(event)
+
+
+def _labelled(event) -> bool:
+    return event.name in PHASES or event.name.startswith(STEP_PREFIX)
+
+
 def _dtypes(event) -> list:
     return getattr(event, "input_dtypes", None) or []  # none known: bytes count as 0
 
@@ -106,13 +117,14 @@ def records_from_events(events):
         if e.device_type != DeviceType.CPU:
             # record_function ranges are copied onto the device timeline as annotations
             # ("gpu_user_annotation"): they are not work the device did.
-            annotation = e.is_user_annotation or "annotation" in str(e.activity_type or "")
+            annotation = (_is_annotation(e) or _labelled(e)
+                          or "annotation" in str(getattr(e, "activity_type", "")))
             if not annotation:
                 kernels.append(Span(e.name, start, end))
             continue
         if e.name.startswith(STEP_PREFIX):
             steps.append(Span(e.name, start, end, e.thread))
-        elif e.name in PHASES and e.is_user_annotation:
+        elif e.name in PHASES and _is_annotation(e):
             inside_phase = False
             parent = e.cpu_parent
             while parent is not None and not inside_phase:
