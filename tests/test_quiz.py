@@ -250,13 +250,16 @@ def test_grade_number_reads_the_value_of_a_float_that_lies_about_itself():
 def _run_in_process(nb) -> dict:
     """Run a quiz notebook's code cells in one namespace, as the grader runs them in a kernel,
     carrying on past errors; returns {test grade_id: its AssertionError, or None}."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
     namespace, outcomes = {}, {}
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         meta = cell.metadata["nbgrader"]
+        source = TransformerManager().transform_cell(cell.source)  # the setup cell's %pip
         try:
-            exec(compile(cell.source, meta["grade_id"], "exec"), namespace)
+            exec(compile(source, meta["grade_id"], "exec"), namespace)
             error = None
         except (AssertionError, NotImplementedError) as exc:
             error = exc
