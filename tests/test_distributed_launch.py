@@ -361,3 +361,14 @@ def test_torchrun_hang_is_cut_by_the_timeout(no_leftovers):
     assert "all_reduce (called at " in error.waiting[0] and "hang.py:6" in error.waiting[0]
     assert "rank 1: running" in str(error)
     assert "hang.py" in error.stacks[1], "rank 1's stack shows where it sleeps"
+
+
+def test_code_sent_by_value_keeps_its_file_name():
+    # cloudpickle 3.1.3 renames it "<dynamic-code>"; the labs' messages quote the learner's cell
+    from gpulab.distributed import _pickle
+
+    cell = types.ModuleType("__main__")
+    exec(compile("def f(x):\n    return x + 1\n", "/tmp/ipykernel_0/cell.py", "exec"),
+         cell.__dict__)
+    g = _pickle.loads(_pickle.dumps(cell.f))
+    assert g(1) == 2 and g.__code__.co_filename == "/tmp/ipykernel_0/cell.py"

@@ -9,20 +9,40 @@ What this module adds is the message when something cannot travel: it names the 
 at fault (an open file, a lock, a CUDA stream), which is what a learner needs to fix it.
 A notebook global travels as a copy taken at launch time: a rank that changes it changes its own
 copy, and the notebook never sees it (return values instead).
+
+Code sent by value keeps its file name. cloudpickle 3.1.3 renames it "<dynamic-code>" (so that
+payloads are deterministic); a traceback or stack dump on a rank could then no longer point at
+the learner's cell, which is what the labs' messages quote.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 import types
+from collections import ChainMap
 
 import cloudpickle
+
+RENAMED = "<dynamic-code>"
+
+
+def _code_keeping_its_file(code: types.CodeType):
+    constructor, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return constructor, tuple(code.co_filename if a == RENAMED else a for a in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_keeping_its_file},
+                              cloudpickle.Pickler.dispatch_table)
 
 
 def dumps(obj) -> bytes:
     """cloudpickle.dumps, with an error that names the global that cannot be sent."""
     try:
-        return cloudpickle.dumps(obj)
+        with io.BytesIO() as file:
+            _Pickler(file).dump(obj)
+            return file.getvalue()
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         raise pickle.PicklingError(_explain(obj, error)) from error
 

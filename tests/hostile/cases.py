@@ -287,7 +287,7 @@ def ring_all_reduce(tensor, op="sum"):
 
     os.kill(os.getppid(), signal.SIGKILL)  # a rank's parent is the grading kernel
     return tensor
-'''}, scores=LAB3_RING_VOID, flags=("kernel died",), reasons=(("cell 13", "SIGKILL"),)),
+'''}, scores=LAB3_RING_VOID, flags=("kernel died",), reasons=(("cell 15", "SIGKILL"),)),
 ]
 
 LAB4_FULL = {"test_diagnosis": 3.0, "test_fit_step": 5.0, "test_fast_results": 2.0,
