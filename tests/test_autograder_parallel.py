@@ -138,9 +138,20 @@ class Grader:
 
 
 def assert_all_gone(processes: dict[int, psutil.Process], within: float) -> None:
-    wait_for(lambda: not any(alive(p) for p in processes.values()), within,
-             "still running: " + ", ".join(
-                 f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in processes.values() if alive(p)))
+    try:
+        wait_for(lambda: not any(alive(p) for p in processes.values()), within, "")
+    except AssertionError:
+        left = [f"{p.pid} {_command(p)}" for p in processes.values() if alive(p)]
+        if left:
+            raise AssertionError(f"after {within} s still running: {', '.join(left)}") from None
+
+
+def _command(process: psutil.Process) -> str:
+    # Named only once the wait is over: a process may die (a zombie, then gone) at any moment.
+    try:
+        return " ".join(process.cmdline())[:80]
+    except psutil.Error:
+        return "(gone while being named)"
 
 
 # --- fast: the pieces --------------------------------------------------------------------------
