@@ -29,7 +29,7 @@ import html
 import math
 import numbers
 
-STUB_HINT = "Replace `raise NotImplementedError()` with your code."
+from gpulab.self_check.stubs import STUB_HINT
 
 
 class Pick(str):

@@ -17,19 +17,17 @@ Taught in: the capstone (solutions/capstone_distributed_gpt)
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import json
 import shutil
 import tempfile
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.capstone.config import CapstoneConfig
 from gpulab.capstone.plan import ParallelPlan
 from gpulab.distributed.cluster import LocalCluster
+from gpulab.self_check.stubs import is_stub_function
 
 SCRIPT_NAME = "capstone_train.py"
 PRELUDE = '''"""What every rank of the capstone runs: your functions, copied from the notebook, then
@@ -46,23 +44,6 @@ MAIN = '''if __name__ == "__main__":
 
     main(globals(), sys.argv[1], {graded!r})
 '''
-
-
-def is_stub(fn) -> bool:
-    """The function's body (after its docstring) is a release's `raise NotImplementedError()`:
-    launching it would only start four processes to raise that."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    first = body[0] if body else None
-    if not isinstance(first, ast.Raise) or first.exc is None:
-        return False
-    exc = first.exc.func if isinstance(first.exc, ast.Call) else first.exc
-    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
 @dataclass(frozen=True)
@@ -138,7 +119,7 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
     graded = {"shard_model": shard_model, "save_checkpoint": save_checkpoint,
               "load_checkpoint": load_checkpoint}
     graded = {role: fn for role, fn in graded.items() if fn is not None}
-    stubs = [role for role, fn in graded.items() if is_stub(fn)]
+    stubs = [role for role, fn in graded.items() if is_stub_function(fn)]
     if stubs:
         raise NotImplementedError(f"{', '.join(stubs)} still raise NotImplementedError: write "
                                   "them before running the capstone.")

@@ -20,14 +20,14 @@ import tempfile
 from pathlib import Path
 
 from gpulab.capstone import ParallelPlan, capstone_config, reference_losses, run_capstone
-from gpulab.capstone.launch import is_stub
 from gpulab.checks.lab3 import learner_frames
 from gpulab.checks.lab5_cluster_script import SourceNotFound
 from gpulab.checks.training import _require_own_function
 from gpulab.memory import format_bytes
+from gpulab.self_check.stubs import STUB_HINT
+from gpulab.self_check.stubs import is_stub_function as is_stub
 
 NODES, PROCS_PER_NODE = 2, 2
-STUB_HINT = "Replace `raise NotImplementedError()` with your code."
 PREDICTION_TOLERANCE = 0.10  # |predicted / measured - 1|
 
 

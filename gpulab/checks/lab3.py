@@ -28,9 +28,9 @@ from gpulab.checks.common import LIBRARY_DIR, defined_in_library
 from gpulab.checks.training import _require_own_function
 from gpulab.distributed.errors import LaunchTimeout, ProcessGroupStartError, RankError
 from gpulab.distributed.launch import Launcher
+from gpulab.self_check.stubs import STUB_HINT
 
 RING_TIMEOUT_S = 20.0  # a ring on these sizes takes well under a second; a deadlock, forever
-STUB_HINT = "Replace `raise NotImplementedError()` with your code."
 # What the ranks return travels through the launcher: these must be the originals.
 _LAUNCH = (Launcher.run, Launcher._attempt, Launcher._supervise)
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dis
 import inspect
 
+# What a learner reads wherever a stub was called (the checkers, the quiz, progress()).
+STUB_HINT = "Replace `raise NotImplementedError()` with your code."
+
 # Instructions around a call that say nothing about what the function does (CPython 3.10-3.13).
 _PLUMBING = {"RESUME", "NOP", "CACHE", "PRECALL", "CALL", "PUSH_NULL", "EXTENDED_ARG",
              "COPY_FREE_VARS", "MAKE_CELL", "CALL_FUNCTION", "KW_NAMES"}
