@@ -15,7 +15,7 @@ anything that keeps it; the micro-batches and the syncs are the smaller part her
 cost more: kernel launches and waits; not measured here). Every version is checked against
 slow_train's losses before it is timed. The sides of each ratio take turns, in alternating
 order, and the figure is the best time over the best time: the statistic the lab's checker
-(gpulab.checks.lab4_speed.check_speedup) uses, because the least-disturbed run of each side
+(gpulab.checks.lab4.speedup.check_speedup) uses, because the least-disturbed run of each side
 is what stays put when other processes come and go on the machine.
 """
 

@@ -24,8 +24,8 @@ from autograder.feedback import generate_feedback, is_test_cell
 from autograder.grade import grade
 from autograder.integrity import check_expression, read_answer
 from autograder.profiles import get_profile
-from gpulab.checks import check_waves
-from gpulab.checks.common import as_number
+from gpulab.checks.harness.numbers import as_number
+from gpulab.checks.lab1 import check_waves
 
 FIXTURE = Path(__file__).parent / "fixtures" / "solutions"
 LAB = "lab0_fixture"

@@ -10,19 +10,17 @@ from numba import cuda, float32
 
 import gpulab
 from gpulab.checks import lab1
-from gpulab.checks.common import (
-    SIMULATOR_SWITCH_INTERVAL_S,
-    GuardedOutput,
-    defined_in_library,
-    simulator_pace,
-)
+from gpulab.checks.harness.kernels import SIMULATOR_SWITCH_INTERVAL_S, GuardedOutput, simulator_pace
+from gpulab.checks.harness.owned import defined_in_library
+from gpulab.checks.lab1 import config as lab1_config
+from gpulab.checks.lab1 import waves as lab1_waves
 from gpulab.kernels.histogram import histogram_kernel_v1
 from gpulab.kernels.vector_add import saxpy_kernel_v1
 
 pytestmark = pytest.mark.lab1
 
-THREADS = lab1.BLOCK_SUM_THREADS
-TILE = lab1.TILE
+THREADS = lab1_config.BLOCK_SUM_THREADS
+TILE = lab1_config.TILE
 needs_simulator = pytest.mark.skipif(not gpulab.runner.simulator,
                                      reason="the simulator raises IndexError on these")
 
@@ -69,7 +67,7 @@ def test_saxpy_catches_an_off_by_one_guard():
 
 
 def test_saxpy_catches_a_missing_grid_stride_loop():
-    blocks, tpb = lab1.GRID
+    blocks, tpb = lab1_config.GRID
     with pytest.raises(AssertionError, match=rf"Only out\[0:{blocks * tpb}\] was written"
                                              r".*cuda\.gridsize\(1\)"):
         lab1.check_saxpy(saxpy_one_pass, sizes=[5000])
@@ -419,26 +417,26 @@ def test_histogram_names_a_missing_bin_width():
 # ----------------------------------------------------------------------------- Part 6
 
 
-WAVES_SETTING = dict(gpu="A100", n_blocks=1000, blocks_per_sm=4)
+WAVES_WANT = lab1_waves.expected_waves(gpu="A100", n_blocks=1000, blocks_per_sm=4)
 
 
 def test_waves_accepts_the_spec_sheet_answer():
     slots = 108 * 4  # an A100 has 108 SMs
     n_waves = -(-1000 // slots)
     tail = (1000 - (n_waves - 1) * slots) / slots
-    lab1.check_waves(n_waves, tail, 1000 / (n_waves * slots), **WAVES_SETTING)
+    lab1.check_waves(n_waves, tail, 1000 / (n_waves * slots), want=WAVES_WANT)
     lab1.check_waves(np.int64(n_waves), np.float32(tail), 1000 / (n_waves * slots),
-                     **WAVES_SETTING)
+                     want=WAVES_WANT)
 
 
 def test_waves_explains_wrong_answers():
     with pytest.raises(AssertionError, match="round n_blocks / slots up"):
-        lab1.check_waves(1000 / 432, 0.3148, 0.7716, **WAVES_SETTING)
+        lab1.check_waves(1000 / 432, 0.3148, 0.7716, want=WAVES_WANT)
     with pytest.raises(AssertionError, match="tail_utilization is 136.0000"):
-        lab1.check_waves(3, 136, 0.7716, **WAVES_SETTING)
+        lab1.check_waves(3, 136, 0.7716, want=WAVES_WANT)
     with pytest.raises(AssertionError, match=r"utilization is 0\.3148"):
-        lab1.check_waves(3, 136 / 432, 136 / 432, **WAVES_SETTING)
+        lab1.check_waves(3, 136 / 432, 136 / 432, want=WAVES_WANT)
     with pytest.raises(AssertionError, match="should be a number"):
-        lab1.check_waves("3", 0.3148, 0.7716, **WAVES_SETTING)
+        lab1.check_waves("3", 0.3148, 0.7716, want=WAVES_WANT)
     with pytest.raises(AssertionError, match="should be a number"):
-        lab1.check_waves(3, None, 0.7716, **WAVES_SETTING)
+        lab1.check_waves(3, None, 0.7716, want=WAVES_WANT)

@@ -20,17 +20,18 @@ import pytest
 import torch
 from lab_submissions import Lab, cell_by_grade_id
 
-from gpulab.checks import (
+from gpulab.checks.harness import owned
+from gpulab.checks.harness.owned import require_own_class
+from gpulab.checks.harness.ranks import learner_frames
+from gpulab.checks.lab3 import (
     check_fast_ddp,
     check_make_buckets,
     check_ring_all_reduce,
     check_simple_ddp,
     check_train_ddp,
-    lab3,
-    lab3_ddp,
 )
-from gpulab.checks.lab3 import learner_frames, require_own_class
-from gpulab.checks.lab3_buckets import reference_buckets
+from gpulab.checks.lab3 import simple_ddp as lab3_ddp
+from gpulab.checks.lab3.fast_ddp import reference_buckets
 from gpulab.distributed import ring_all_reduce as gpulab_ring_all_reduce
 from gpulab.models import MLP
 
@@ -67,11 +68,11 @@ def fails(check, *args, match: str, **kwargs) -> str:
 @pytest.fixture
 def quick_timeouts(monkeypatch):
     """Code that must hang is cut after 4 s here (20 s and 30 s in the lab)."""
-    monkeypatch.setattr(lab3, "RING_TIMEOUT_S", 4.0)
-    monkeypatch.setattr(lab3_ddp, "DDP_TIMEOUT_S", 4.0)
-    import gpulab.checks.lab3_buckets as buckets
+    from gpulab.checks.lab3 import fast_ddp, ring
 
-    monkeypatch.setattr(buckets, "DDP_TIMEOUT_S", 4.0)
+    monkeypatch.setattr(ring, "RING_TIMEOUT_S", 4.0)
+    monkeypatch.setattr(lab3_ddp, "DDP_TIMEOUT_S", 4.0)
+    monkeypatch.setattr(fast_ddp, "DDP_TIMEOUT_S", 4.0)
 
 
 # ----------------------------------------------------------------------------- Part 1
@@ -183,7 +184,7 @@ def test_learner_frames_keep_the_notebooks_lines_only():
   File "/x/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81, in wrapper
     return func(*args, **kwargs)
 RuntimeError: boom'''
-    frames = learner_frames(text.replace("/work/gpulab", str(lab3.LIBRARY_DIR)))
+    frames = learner_frames(text.replace("/work/gpulab", str(owned.LIBRARY_DIR)))
     assert frames == ('  File "/tmp/ipykernel_7/123.py", line 9, in ring_all_reduce\n'
                       "    dist.send(send, right)")
 

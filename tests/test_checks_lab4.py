@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpulab.checks import check_diagnosis, check_fit_step
+from gpulab.checks.lab4 import check_diagnosis, check_fit_step
 from gpulab.memory import MemoryTracker, checkpoint_blocks, measure_step, oom_scenario
 from gpulab.memory.oom_scenario import budget_for
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from gpulab.checks import check_fast_results, check_speedup
+from gpulab.checks.lab4 import check_fast_results, check_speedup
 from gpulab.slow_pipeline import (
     MICRO_BATCH_SIZE,
     TransformedDigits,

@@ -18,8 +18,10 @@ import pytest
 from lab_submissions import Lab, cell_by_grade_id
 from torch import nn
 
-from gpulab.checks import check_one_f_one_b, check_tp_linear, check_tp_mlp, lab5, lab5_ranks
-from gpulab.checks.lab5_shared import RankView, layout, require_function
+from gpulab.checks.lab5 import check_one_f_one_b, check_tp_linear, check_tp_mlp
+from gpulab.checks.lab5 import ranks as lab5_ranks
+from gpulab.checks.lab5 import tp_linear as lab5
+from gpulab.checks.lab5.shared import RankView, layout, require_function
 from gpulab.distributed.schedule import one_f_one_b_order
 from gpulab.distributed.tensor_parallel import ColumnParallelLinear as LibraryColumn
 from gpulab.distributed.tensor_parallel import _CopyToTP

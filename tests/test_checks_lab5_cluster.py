@@ -25,12 +25,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpulab.checks import lab5_cluster, lab5_cluster_grade
-from gpulab.checks.common import LIBRARY_DIR
-from gpulab.checks.lab5_cluster import check_pp_tp_cluster, make_gpt
-from gpulab.checks.lab5_cluster_script import SourceNotFound, script_of
+from gpulab.checks.harness.owned import LIBRARY_DIR
+from gpulab.checks.lab5 import cluster_grade as lab5_cluster_grade
+from gpulab.checks.lab5 import pp_tp_cluster as lab5_cluster
+from gpulab.checks.lab5.pp_tp_cluster import check_pp_tp_cluster, make_gpt
 from gpulab.distributed import PipelineStage, RankGrid, run_pipeline, split_gpt
 from gpulab.distributed import tensor_parallel as gpulab_tp
+from gpulab.distributed.node_script import SourceNotFound, script_of
 from gpulab.distributed.schedule import gpipe_order, one_f_one_b_order
 from gpulab.train import cross_entropy
 

@@ -1,7 +1,7 @@
 """gpulab.progress: a lab's visible checks, part by part, on the learner's own definitions.
 
-The parts table (gpulab/self_check/parts.py) is compared with the visible half of every test cell
-of every solutions/lab*/ notebook, so the two cannot drift. The runs use the cheap parts (Lab 1's
+Each lab's parts table (the ASSIGNMENT in its gpulab/checks/labN package) is compared with the
+visible half of every test cell of every solutions/lab*/ notebook, so the two cannot drift. The runs use the cheap parts (Lab 1's
 waves, Lab 2's to_device, Lab 5's 1F1B order) with the solution's own cells (pass), the released
 stubs (not started) and known-wrong answers (fail with the checker's teaching message).
 """
@@ -15,10 +15,10 @@ import pytest
 from lab_submissions import ROOT, cell_by_grade_id, grade_id, points_of, read
 
 import gpulab
-import gpulab.checks
+from gpulab.checks import assignment, find_parts, package
+from gpulab.checks.table import Answer, Check
 from gpulab.self_check import (
     FAIL,
-    LABS,
     NOT_DEFINED,
     NOT_STARTED,
     PASS,
@@ -26,7 +26,6 @@ from gpulab.self_check import (
     progress,
     run_self_checks,
 )
-from gpulab.self_check.parts import Check, find_parts
 
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
 SOLUTIONS = sorted(ROOT.glob("solutions/lab*/lab*.ipynb"))
@@ -46,14 +45,21 @@ def visible_checks(source: str) -> tuple[Check, ...]:
                     and isinstance(node.func, ast.Name) and node.func.id.startswith("check_")),
                    key=lambda node: (node.lineno, node.col_offset))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module == "gpulab.checks" for alias in node.names}
+                and node.module.startswith("gpulab.checks.lab") for alias in node.names}
     checks = []
     for call in calls:
-        assert call.func.id in imported, f"{call.func.id} is not imported from gpulab.checks"
+        assert call.func.id in imported, f"{call.func.id} is not imported from its lab's checks"
         assert all(isinstance(arg, ast.Name) for arg in call.args), ast.unparse(call)
         checks.append(Check(call.func.id, tuple(arg.id for arg in call.args),
-                            {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}))
+                            {kw.arg: _literal(kw.value) for kw in call.keywords}))
     return tuple(checks)
+
+
+def _literal(node):
+    """A keyword's value: a literal, or Answer(name) for answer_key("name") (keys.py)."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "answer_key":
+        return Answer(ast.literal_eval(node.args[0]))
+    return ast.literal_eval(node)
 
 
 def lab_namespace(lab: str, cells: dict[str, str | None], released: bool = False) -> dict:
@@ -82,16 +88,16 @@ def lab_namespace(lab: str, cells: dict[str, str | None], released: bool = False
 def test_parts_match_the_visible_test_cells(path):
     nb = read(path)
     points = points_of(nb)
-    parts = {part.grade_id: part for part in LABS[path.stem]}
-    assert set(parts) == set(points), "a test cell was added or removed: update parts.py"
+    parts = {part.grade_id: part for part in assignment(path.stem).parts}
+    assert set(parts) == set(points), "a test cell was added or removed: update the table"
     for cell in nb.cells:
         if grade_id(cell) in parts:
             part = parts[grade_id(cell)]
             assert part.points == points[part.grade_id], part.grade_id
             assert part.checks == visible_checks(cell.source), (
-                f"{part.grade_id}: parts.py no longer calls what the visible test cell calls")
+                f"{part.grade_id}: the table no longer calls what the visible test cell calls")
             for check in part.checks:
-                assert callable(getattr(gpulab.checks, check.checker))
+                assert callable(getattr(package(path.stem), check.checker))
 
 
 def test_a_changed_visible_call_is_noticed():
@@ -105,7 +111,7 @@ def test_a_changed_visible_call_is_noticed():
 
 
 def test_every_lab_has_parts():
-    assert sorted(LABS) == [path.stem for path in SOLUTIONS]
+    assert all(assignment(path.stem).parts for path in SOLUTIONS)
 
 
 def test_hidden_tests_are_not_among_the_visible_checks():
@@ -186,7 +192,7 @@ def test_a_crash_in_the_learners_code_is_reported_not_raised():
         return [("F", i) for i in range(m // (stage - stage))]  # ZeroDivisionError
 
     (part,) = find_parts("lab5", "one_f_one_b")
-    result = check_part(part, {"one_f_one_b_stage": one_f_one_b_stage})
+    result = check_part(part, {"one_f_one_b_stage": one_f_one_b_stage}, "lab5")
     assert result.status == FAIL and "ZeroDivisionError" in result.message, result
 
 

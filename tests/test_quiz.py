@@ -13,15 +13,9 @@ import numpy as np
 import pytest
 from lab_submissions import BEGIN_HIDDEN, END_HIDDEN, ROOT, grade_id, read
 
-from gpulab.quiz import (
-    STUB_HINT,
-    Pick,
-    check_number,
-    check_pick,
-    choose,
-    grade_number,
-    grade_pick,
-)
+from gpulab.checks.quiz import check_number, check_pick, grade_number, grade_pick
+from gpulab.quiz import Pick, choose
+from gpulab.stubs import STUB_HINT
 
 pytestmark = pytest.mark.quiz
 

@@ -8,7 +8,7 @@ loop (train.py) on every rank of a LocalCluster (2 nodes x 2 processes by defaul
     run.peak_bytes        # each rank's measured peak during measure_step
     run.profile(rank=0)   # where profile_step's time went on that rank
 
-A multi-node job runs a file on every node: gpulab.checks.lab5_cluster_script.script_of copies
+A multi-node job runs a file on every node: gpulab.distributed.node_script.script_of copies
 the functions' sources (and what they use from the notebook) into it, and its end calls
 gpulab.capstone.train.main on each rank. The functions are checked by name only: grading is
 gpulab.checks.capstone's, against references it computes itself.
@@ -27,7 +27,8 @@ from pathlib import Path
 from gpulab.capstone.config import CapstoneConfig
 from gpulab.capstone.plan import ParallelPlan
 from gpulab.distributed.cluster import LocalCluster
-from gpulab.self_check.stubs import is_stub_function
+from gpulab.distributed.node_script import script_of
+from gpulab.stubs import is_stub_function
 
 SCRIPT_NAME = "capstone_train.py"
 PRELUDE = '''"""What every rank of the capstone runs: your functions, copied from the notebook, then
@@ -109,9 +110,6 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
     kill_at_step: a rank (kill_rank, default the last) SIGKILLs itself there on the first
     attempt; give max_restarts=1 so that torchrun restarts the group. check=True raises
     RuntimeError when the run fails."""
-    # Imported here: gpulab.checks loads every lab's checkers, which the ranks never need.
-    from gpulab.checks.lab5_cluster_script import script_of
-
     plan.check(nodes * procs_per_node, procs_per_node, config)
     if kill_at_step is not None and (checkpoint_dir is None or max_restarts < 1):
         raise ValueError("kill_at_step needs checkpoint_dir (to resume from) and "

@@ -5,7 +5,8 @@
     gpulab.progress("lab1", part="saxpy")    # one part (the cluster and simulator ones are slow)
 
 Run in the lab's notebook, it checks the definitions of that notebook (the IPython namespace)
-with the same checker calls as the lab's visible test cells (parts.py); a part still left as the
+with the same checker calls as the lab's visible test cells (its package's ASSIGNMENT table,
+gpulab/checks/table.py); a part still left as the
 stub reads "not started". It never raises for a mistake in the learner's code: the checker's
 teaching message goes in the table. Hidden tests are not run: passing here is not the grade.
 """
@@ -18,7 +19,8 @@ import io
 import os
 import sys
 
-from gpulab.self_check.parts import LABS, Check, Part, find_lab, find_parts
+from gpulab.checks import PACKAGES, find_lab, find_parts, package
+from gpulab.checks.table import Answer, Check, Part
 from gpulab.self_check.report import (
     FAIL,
     NOT_DEFINED,
@@ -28,7 +30,7 @@ from gpulab.self_check.report import (
     Report,
     shorten,
 )
-from gpulab.self_check.stubs import unfinished
+from gpulab.stubs import unfinished
 
 TRACEBACK_HINT = "(run the part's test cell to see the whole traceback)"
 # Set by the autograder's runner profiles: the grader runs every test cell itself, so a
@@ -36,7 +38,7 @@ TRACEBACK_HINT = "(run the part's test cell to see the whole traceback)"
 GRADING_VARIABLE = "GPULAB_GRADING"
 
 
-def check_part(part: Part, namespace: dict) -> PartResult:
+def check_part(part: Part, namespace: dict, lab: str) -> PartResult:
     """Run `part`'s visible checks on the definitions in `namespace`; never raises for the
     learner's mistakes (KeyboardInterrupt still stops it)."""
     missing = [name for name in part.names if name not in namespace]
@@ -47,13 +49,11 @@ def check_part(part: Part, namespace: dict) -> PartResult:
     stubs = _stubs(part, namespace)
     if stubs:
         return PartResult(part.name, part.points, NOT_STARTED, _still_to_do(stubs, namespace))
-    import gpulab.checks  # torch and numba: only when a check runs
-
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             for check in part.checks:
-                _run(gpulab.checks, check, namespace)
+                _run(check, namespace, lab)
     except AssertionError as error:
         message = shorten(str(error)) or f"{part.grade_id} failed (no message). {TRACEBACK_HINT}"
         return PartResult(part.name, part.points, FAIL, message, printed.getvalue())
@@ -63,9 +63,13 @@ def check_part(part: Part, namespace: dict) -> PartResult:
     return PartResult(part.name, part.points, PASS, "", printed.getvalue())
 
 
-def _run(checks, check: Check, namespace: dict) -> None:
-    checker = getattr(checks, check.checker)
-    checker(*(namespace[name] for name in check.args), **copy.deepcopy(check.kwargs))
+def _run(check: Check, namespace: dict, lab: str) -> None:
+    from gpulab.checks.keys import answer_key
+
+    checker = getattr(package(lab), check.checker)  # torch and numba: only when a check runs
+    kwargs = {key: answer_key(value.name) if isinstance(value, Answer) else copy.deepcopy(value)
+              for key, value in check.kwargs.items()}
+    checker(*(namespace[name] for name in check.args), **kwargs)
 
 
 def _stubs(part: Part, namespace: dict) -> list[str]:
@@ -104,7 +108,7 @@ def run_self_checks(lab: str, part: str | None = None, *, namespace: dict | None
               disable=not progress) as bar:  # closed on Ctrl-C too
         for each in bar:
             bar.set_postfix_str(each.name)
-            results.append(check_part(each, namespace))
+            results.append(check_part(each, namespace, lab))
     return Report(find_lab(lab), tuple(results))
 
 
@@ -140,5 +144,5 @@ def _learner_namespace(namespace: dict | None, caller_globals: dict) -> dict:
     return shell.user_ns if shell is not None else caller_globals
 
 
-__all__ = ["LABS", "FAIL", "NOT_DEFINED", "NOT_STARTED", "PASS", "PartResult", "Report",
+__all__ = ["PACKAGES", "FAIL", "NOT_DEFINED", "NOT_STARTED", "PASS", "PartResult", "Report",
            "check_part", "progress", "run_self_checks"]

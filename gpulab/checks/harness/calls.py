@@ -1,0 +1,197 @@
+"""What the learner's code asks of torch.distributed, recorded on a rank (for Lab 3's checkers).
+
+    log = CallLog(log_path(log_dir, rank))
+    with log.recording():                 # dist.all_reduce & co. now record, then call through
+        ring_all_reduce(x, "sum")
+    log.calls    [{"call": "send", "numel": 4, "phase": ..., "async": False, ...}, ...]
+
+Recorded: every collective and blocking message by name, with the size of its tensor, the phase
+the checker was in (a case's label, "backward", "finish"...), whether it was asynchronous and
+whether its handle was waited for; and calls into code the learner may not borrow (gpulab's own
+all-reduce or DDP, torch's DistributedDataParallel). Each event is also a JSON line in a file,
+flushed at once, which the checker reads when the ranks hang or crash (read_logs).
+The originals are read when a recording starts, before the learner's code runs in it, so code
+that replaces dist.all_reduce cannot change what is recorded. Shipped to the ranks by value,
+like the labs' rank modules (lab3/ranks.py, lab5/ranks.py): nothing here may import the
+checkers around it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+# Collectives a ring may not use (barrier is allowed: it moves no data).
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "all_gather_object", "broadcast_object_list",
+               "gather_object", "scatter_object_list", "all_reduce_coalesced", "barrier")
+# isend and irecv are left alone: P2POp accepts only the original functions.
+POINT_TO_POINT = ("send", "recv", "batch_isend_irecv")
+# Code the learner's code may not run: (part of its path, whose it is). The launcher's own code in
+# gpulab/distributed/ (it wraps dist.* to tell where a rank waits) is not the learner's doing.
+BORROWED = (("/gpulab/distributed/", "gpulab's own"),
+            ("/torch/nn/parallel/distributed.py", "torch's DistributedDataParallel"))
+LAUNCHER_FILES = ("_worker.py", "_pickle.py", "_procs.py")
+
+
+class CallLog:
+    """torch.distributed calls made while `recording`, in order, with the phase they came in.
+
+    Each call is a dict: call (its name), phase ("backward", "finish", a case's label...), step,
+    numel (of its first tensor), async (async_op=True), waited (its handle's wait() was called),
+    pending (gradients not yet computed, when the checker counts them). Every event is also a
+    JSON line in `path`, flushed at once: a checker reads it after a hang or a crash.
+    """
+
+    def __init__(self, path: str | None = None):
+        self.calls: list[dict] = []
+        self.borrowed: list[str] = []  # "gpulab's own code (allreduce.py: ring_all_reduce)"
+        self.phase, self.step = "setup", 0
+        self.pending = None  # callable: gradients still to come in this backward, or None
+        self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - kept open
+
+    def set_phase(self, phase: str, step: int | None = None) -> None:
+        self.phase = phase
+        self.step = self.step if step is None else step
+        self._write({"phase": phase, "step": self.step})
+
+    def _write(self, event: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(event) + "\n")
+
+    def recording(self, profile: bool = True):
+        """A context: dist's collectives and messages recorded, and (profile) calls into
+        borrowed code noted, until it ends."""
+        return _Recording(self, profile)
+
+    def _record(self, name: str, original, signature, args, kwargs):
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments if signature else {}
+        except TypeError:
+            bound = {}
+        tensor = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if tensor is None:  # all_gather(tensor_list, tensor): a list comes first
+            tensor = next((t for a in args if isinstance(a, list | tuple) for t in a
+                           if isinstance(t, torch.Tensor)), None)
+        call = {"call": name, "phase": self.phase, "step": self.step, "index": len(self.calls),
+                "numel": None if tensor is None else int(tensor.numel()),
+                "async": bool(bound.get("async_op", False)), "waited": False,
+                "pending": None if self.pending is None else int(self.pending())}
+        self.calls.append(call)
+        self._write(call)
+        work = original(*args, **kwargs)
+        return Handle(work, call, self) if call["async"] and work is not None else work
+
+    def _profile(self, frame, event, arg) -> None:
+        if event != "call" or len(self.borrowed) >= 3:
+            return
+        path = frame.f_code.co_filename.replace("\\", "/")
+        for part, whose in BORROWED:
+            if part in path and not path.endswith(LAUNCHER_FILES):
+                where = f"{whose} code ({path.rsplit('/', 1)[-1]}: {frame.f_code.co_name})"
+                if where not in self.borrowed:
+                    self.borrowed.append(where)
+                    self._write({"borrowed": where})
+
+
+class _Recording:
+    """Replaces dist.<name> (and distributed_c10d.<name>) by recording versions; puts the
+    originals back at the end. The originals are read when the recording starts."""
+
+    def __init__(self, log: CallLog, profile: bool):
+        self.log, self.profile, self.saved = log, profile, []
+
+    def __enter__(self):
+        import torch.distributed.distributed_c10d as c10d
+
+        for module in (dist, c10d):
+            for name in (*COLLECTIVES, *POINT_TO_POINT):
+                original = getattr(module, name, None)
+                if original is None:
+                    continue
+                self.saved.append((module, name, original))
+                setattr(module, name, _recorder(self.log, name, original))
+        if self.profile:
+            self.saved_profile = sys.getprofile()
+            sys.setprofile(self.log._profile)
+        return self.log
+
+    def __exit__(self, *exc):
+        if self.profile:
+            sys.setprofile(self.saved_profile)
+        for module, name, original in reversed(self.saved):
+            setattr(module, name, original)
+        return False
+
+
+def _recorder(log: CallLog, name: str, original):
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        signature = None
+
+    def recorded(*args, **kwargs):
+        return log._record(name, original, signature, args, kwargs)
+
+    recorded.__name__ = recorded.__qualname__ = name
+    recorded.__doc__ = getattr(original, "__doc__", None)
+    return recorded
+
+
+class Handle:
+    """What an asynchronous collective returns, as the learner sees it: the real handle, which
+    notes when it is waited for (wait(), or a finished is_completed() / get_future())."""
+
+    def __init__(self, work, call: dict, log: CallLog):
+        self._work, self._call, self._log = work, call, log
+
+    def _waited(self) -> None:
+        if not self._call["waited"]:
+            self._call["waited"] = True
+            self._log._write({"waited": self._call["index"]})
+
+    def wait(self, *args, **kwargs):
+        result = self._work.wait(*args, **kwargs)
+        self._waited()
+        return result
+
+    def is_completed(self):
+        done = self._work.is_completed()
+        if done:
+            self._waited()
+        return done
+
+    def get_future(self):
+        future = self._work.get_future()
+        self._waited()  # the learner waits on the future: torch.futures.wait_all([...])
+        return future
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def log_path(log_dir: str, rank: int) -> str:
+    return os.path.join(log_dir, f"rank{rank}.log")
+
+
+def read_logs(log_dir: str, world_size: int) -> dict[int, list[dict]]:
+    """Each rank's events, as ddp_rank and ring_rank wrote them (for a checker, after a hang)."""
+    logs = {}
+    for rank in range(world_size):
+        path = log_path(log_dir, rank)
+        events = []
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        events.append(json.loads(line))
+                    except ValueError:  # a line cut by the kill
+                        break
+        logs[rank] = events
+    return logs

@@ -1,0 +1,46 @@
+"""Lab 1, CUDA kernels (solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb): its parts and points,
+and its checkers. Each checker launches the learner's kernel itself on inputs it makes, compares
+plain NumPy copies of the results with a NumPy reference, and fails with a message that says
+which element, what came out against what was expected, and the likely cause.
+
+    check_saxpy(saxpy, sizes)                     Part 1  grid-stride loop
+    check_transpose(transpose, shapes)            Part 2  2-D indexing
+    check_block_sum(block_sum, sizes)             Part 3  shared-memory tree reduction
+    check_matmul_tiled(matmul_tiled, shapes)      Part 4  tiled matmul with a bias epilogue
+    check_histogram(histogram, sizes)             Part 5  atomics
+    check_waves(n_waves, tail_utilization, ...)   Part 6  waves and the tail effect
+    check_*_races(kernel)                         Parts 3-5 under gpulab.sim's race detector
+
+Launch configurations are part of each part's spec (config.py); sizes and grids that differ
+between the cpu and gpu runners come from gpulab.runner.
+Taught in: lessons/02_cuda_with_numba.ipynb (Parts 1-5), lessons/01_gpu_architecture.ipynb (6)
+"""
+
+from gpulab.checks.lab1.block_sum import check_block_sum, check_block_sum_races
+from gpulab.checks.lab1.histogram import check_histogram, check_histogram_races
+from gpulab.checks.lab1.matmul_tiled import check_matmul_tiled, check_matmul_tiled_races
+from gpulab.checks.lab1.saxpy import check_saxpy
+from gpulab.checks.lab1.transpose import check_transpose
+from gpulab.checks.lab1.waves import check_waves, expected_waves
+from gpulab.checks.table import Answer, Assignment, Check, part
+
+WAVES_SETTING = {"gpu": "A100", "n_blocks": 1000, "blocks_per_sm": 4}  # the notebook's Part 6
+
+ASSIGNMENT = Assignment("lab1_cuda_kernels", (
+    part("saxpy", 2, Check("check_saxpy", ("saxpy",), {"sizes": [2048, 5000]})),
+    part("transpose", 2, Check("check_transpose", ("transpose",),
+                               {"shapes": [(8, 24), (13, 21)]})),
+    part("block_sum", 3, Check("check_block_sum", ("block_sum",), {"sizes": [256, 1000]})),
+    part("matmul_tiled", 4, Check("check_matmul_tiled", ("matmul_tiled",),
+                                  {"shapes": [(8, 16, 8), (13, 21, 10)]})),
+    part("histogram", 3, Check("check_histogram", ("histogram",), {"sizes": [1000, 4096]})),
+    part("waves", 2, Check("check_waves", ("n_waves", "tail_utilization", "utilization"),
+                           {"want": Answer("lab1.waves")})),
+))
+
+# Expected answers the grader computes outside the learner's kernel (gpulab/checks/keys.py).
+ANSWERS = {"waves": lambda: expected_waves(**WAVES_SETTING)}
+
+__all__ = ["ANSWERS", "ASSIGNMENT", "check_block_sum", "check_block_sum_races",
+           "check_histogram", "check_histogram_races", "check_matmul_tiled",
+           "check_matmul_tiled_races", "check_saxpy", "check_transpose", "check_waves"]

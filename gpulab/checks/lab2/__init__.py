@@ -1,0 +1,31 @@
+"""Lab 2, from CPU to GPU training with AMP (solutions/lab2_amp_training/lab2_amp_training.ipynb):
+its parts and points, and its checkers.
+
+    check_to_device(to_device)                        Part 1  asynchronous copies
+    check_amp_step(amp_step)                          Part 2  autocast, GradScaler, clipping
+    check_accumulate_gradients(accumulate_gradients)  Part 3  micro-batches of unequal size
+    check_resume(snapshot, restore)                   Part 4  a resume that continues exactly
+    check_memorize(memorize)                          Part 5  the memorization test
+
+Taught in: lessons/03_pytorch_on_the_gpu.ipynb
+"""
+
+from gpulab.checks.lab2.accumulate_gradients import check_accumulate_gradients
+from gpulab.checks.lab2.amp_step import check_amp_step
+from gpulab.checks.lab2.memorize import check_memorize
+from gpulab.checks.lab2.resume import check_resume
+from gpulab.checks.lab2.to_device import check_to_device
+from gpulab.checks.table import Assignment, Check, part
+
+ASSIGNMENT = Assignment("lab2_amp_training", (
+    part("to_device", 2, Check("check_to_device", ("to_device",))),
+    part("amp_step", 4, Check("check_amp_step", ("amp_step",))),
+    part("accumulate_gradients", 3, Check("check_accumulate_gradients",
+                                          ("accumulate_gradients",), {"sizes": [16, 8, 4]})),
+    part("resume", 4, Check("check_resume", ("snapshot", "restore"))),
+    part("memorize", 2, Check("check_memorize", ("memorize",))),
+))
+ANSWERS = {}
+
+__all__ = ["ANSWERS", "ASSIGNMENT", "check_accumulate_gradients", "check_amp_step",
+           "check_memorize", "check_resume", "check_to_device"]
