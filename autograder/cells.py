@@ -20,15 +20,14 @@ from pathlib import Path
 import nbformat
 
 # Test cells that import from gpulab are graded by its checkers: the guard imports and watches
-# these, and what they compare with, before any learner cell runs.
+# these, and what they compare with, before any learner cell runs: every loaded gpulab module
+# (its functions, classes and its data: spec sheets, recipes, tolerances), not a list of them.
 # The training checkers compare with torch (torch.equal, F.cross_entropy, Tensor methods); Lab 4's
 # measure memory (gpulab.memory) and time (the clock, the slow pipeline they race against).
 CHECKER_MODULES = ("gpulab.checks", "gpulab.sim", "numpy.testing", "torch", "torch.nn.functional")
-CHECKER_WATCH = ("gpulab.checks.*", "gpulab.sim.*", "gpulab.distributed.*", "gpulab.memory.*",
-                 "gpulab.profiling.*", "gpulab.capstone.*", "gpulab.slow_pipeline",
-                 "gpulab.timing", "gpulab.models",
-                 "gpulab.data", "numpy", "numpy.testing", "torch", "torch.nn.functional",
+CHECKER_WATCH = ("gpulab.*", "numpy", "numpy.testing", "torch", "torch.nn.functional",
                  "torch.cuda", "time", "resource")
+CHECKER_DATA = ("gpulab.*",)  # modules whose plain values (not only functions) are watched
 
 
 @dataclass
@@ -65,6 +64,7 @@ class Plan:
     protects: dict[int, tuple[str, ...]]  # setup cell -> names it binds that a test reads
     imports: tuple[str, ...]  # modules the guard imports before the first cell
     watch: tuple[str, ...]  # modules the guard watches ("pkg.*": with its submodules)
+    data: tuple[str, ...] = ()  # of those, the modules whose data values it watches too
 
     @classmethod
     def of(cls, nb) -> Plan:
@@ -80,10 +80,13 @@ class Plan:
                     for i, tree in trees.items() if roles[i] == "setup"}
         modules = set().union(*(_modules(trees[i]) for i in reads))
         uses_gpulab = any(m == "gpulab" or m.startswith("gpulab.") for m in modules)
+        # The lab's own cells' gpulab modules too: loaded before the snapshot, they are in it.
+        setup = set().union(*(_modules(trees[i]) for i in trees if roles[i] == "setup"))
+        modules |= {m for m in setup if uses_gpulab and (m == "gpulab" or m.startswith("gpulab."))}
         imports = sorted(modules | set(CHECKER_MODULES if uses_gpulab else ()))
         watch = sorted(modules | set(CHECKER_WATCH if uses_gpulab else ()))
         return cls(roles, labels, reads, {i: n for i, n in protects.items() if n},
-                   tuple(imports), tuple(watch))
+                   tuple(imports), tuple(watch), CHECKER_DATA if uses_gpulab else ())
 
 
 def _role(cell) -> str:

@@ -18,6 +18,9 @@ the same cells, in order, in one kernel, and adds:
                  learner's definitions are gone
     timeouts     past `timeout` the kernel is interrupted, as in nbgrader; one that does not stop
                  is replaced like a dead one
+    answers      a test cell's answer_key("name") calls are replaced by the expected values the
+                 grader computed outside the kernel (autograder/answers.py) in the code sent to
+                 the kernel; the notebook keeps the cell as written
 Flags and per-cell reasons go to nb.metadata["gpulab_grading"], which worker.py reads back.
 """
 
@@ -35,8 +38,9 @@ from nbclient.client import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
-from traitlets import Integer
+from traitlets import Dict, Integer
 
+from autograder.answers import fill_in
 from autograder.cells import Plan, Record
 from autograder.integrity import (
     check_expression,
@@ -64,6 +68,7 @@ class GradeExecute(OutputCaps, Execute):
                                  "flooding kernel's output is dropped, not stored").tag(config=True)
     max_restarts = Integer(10, help="fresh kernels per notebook before the rest is not run").tag(
         config=True)
+    answers = Dict(help="expected answers the test cells name: name -> value").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         NotebookClient.__init__(self, nb, km)  # as nbconvert's ExecutePreprocessor does
@@ -95,6 +100,9 @@ class GradeExecute(OutputCaps, Execute):
             return self._void(cell, label, findings, "before this test")
         self.reset_output_caps()
         self._timed_out = False
+        written = cell.source
+        if test:  # the kernel gets the expected values themselves, not a way to compute them
+            cell.source = fill_in(written, self.answers)
         try:
             await self.async_execute_cell(cell, index, execution_count=self.code_cells_executed
                                           + 1, store_history=not test)
@@ -111,6 +119,7 @@ class GradeExecute(OutputCaps, Execute):
             self.record.note("output capped", label, why)
             await self._reconnect_output()
         finally:
+            cell.source = written
             if self.capped:
                 self.record.note("output capped", label, f"{label}: {self.add_cap_note(cell)}")
         if self._timed_out:
@@ -143,6 +152,7 @@ class GradeExecute(OutputCaps, Execute):
             self.nb.metadata["language_info"] = info["content"]["language_info"]
         token = secrets.token_hex(8)
         config = {"token": token, "imports": self.plan.imports, "watch": self.plan.watch,
+                  "data": self.plan.data,
                   "output_limit": 2 * self.cell_output_limit}  # the grader's cap comes first
         findings = read_answer(await self._silent({"guard": install_expression(config)}), token)
         if findings:

@@ -7,7 +7,8 @@
     3. a submission already recorded with the same fingerprint (its notebooks, the lab's
        source, the runner profile) keeps its grade, unless `regrade`
     4. the others are graded by `python -m autograder.worker` subprocesses, `jobs` at a time
-       (autograder/pool.py)
+       (autograder/pool.py), with the lab's expected answers computed once, beforehand, in a
+       process of their own (autograder/answers.py)
     5. each result is recorded by autograder/gradebook.py, in this process and in student
        order, whatever `jobs` is
 
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from autograder import gradebook
+from autograder.answers import compute_answers
 from autograder.course import Course, check_student_id
 from autograder.gradebook import Record, remove_tree
 from autograder.pool import WorkerPool, kill_leftovers
@@ -191,6 +194,8 @@ def _grade_batch(course, lab, todo, profile, prints, jobs, progress) -> dict[str
     # private course root (answers and hidden tests): removed at the end of the run, or by
     # the next run when this one is killed.
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=course.grading / "tmp"))
+    source = course.grading / "source" / lab
+    answers = compute_answers(lab, source, profile.kernel_env(os.environ))
     tasks = [
         GradeTask(
             lab=lab,
@@ -200,6 +205,7 @@ def _grade_batch(course, lab, todo, profile, prints, jobs, progress) -> dict[str
             workdir=str(scratch / submission.student_id / "course"),
             cell_timeout_s=profile.cell_timeout_s,
             sandbox=asdict(profile.sandbox_settings()),
+            answers=answers,
         )
         for submission in todo
     ]

@@ -13,10 +13,12 @@ holds identities (compared with `is`) of:
 
     builtins         every name: isinstance, len, abs, AssertionError, __import__, getattr...
     checkers         sys.modules entries, functions, their __code__, classes and methods of
-                     gpulab.checks.*, gpulab.sim.*, gpulab.distributed.*, gpulab.memory.*,
-                     gpulab.profiling.*, the slow pipeline, timing, models and data, numpy,
-                     numpy.testing, torch, torch.cuda and the clocks (`time`, `resource`)
-                     (tests using gpulab)
+                     every loaded gpulab module, numpy, numpy.testing, torch, torch.cuda and
+                     the clocks (`time`, `resource`) (tests using gpulab)
+    library data     the plain values of every loaded gpulab module and of its classes (GPU
+                     spec sheets, memory recipes, presets, tolerances), by their repr: a frozen
+                     dataclass edited with object.__setattr__, or a table edited in place,
+                     reads differently
     IPython          the shell's parts and methods, the kernel's, the input and AST transformer
                      lists, the event callbacks (pre_run_cell, pre_execute, ...)
     hooks            sys.gettrace/getprofile, threading's trace and profile hooks, sys.stdout,
@@ -32,8 +34,10 @@ grader as one huge message.
 What it cannot catch: code in the kernel's process can defeat a guard living there with enough
 effort (edit objects in place with ctypes, replace the guard's methods and fake its answer,
 keep a test's frames or constants while a checker calls it, patch a module the snapshot does
-not list, such as numba). The guard turns tampering from a one-liner into deliberate work; the
-sandbox (autograder/sandbox.py) bounds what deliberate work can reach.
+not list, such as numba, or a gpulab module first imported after the snapshot, by a checker's
+own lazy import). The guard turns tampering from a one-liner into deliberate work; the sandbox
+(autograder/sandbox.py) bounds what deliberate work can reach. Expected answers do not rely on
+it: the grader writes them into the test cells (autograder/answers.py).
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ class Guard:
         live = vars(builtins)
         for name in self.builtins:
             self.watch(f"builtins.{name}", lambda n=name: live.get(n, MISSING))
-        self._watch_modules(config["watch"])
+        self._watch_modules(config["watch"], config.get("data", ()))
         self._watch_ipython()
         self.watch("sys.settrace hook", sys.gettrace)
         self.watch("sys.setprofile hook", sys.getprofile)
@@ -137,13 +141,29 @@ class Guard:
 
     # -- what the snapshot covers
 
-    def _watch_modules(self, patterns) -> None:
+    def _watch_modules(self, patterns, data_patterns=()) -> None:
         modules = sys.modules
         for name, module in sorted(modules.items()):
             if module is None or not any(_matches(name, p) for p in patterns):
                 continue
             self.watch(f"sys.modules[{name!r}]", lambda n=name: modules.get(n))
             self._watch_namespace(name, vars(module), name)
+            if any(_matches(name, p) for p in data_patterns):
+                self._watch_data(name, vars(module), name)
+
+    def _watch_data(self, prefix: str, namespace, module: str) -> None:
+        """Each plain value of a module (and of the classes it defines), by its repr."""
+        for key, value in list(namespace.items()):
+            if key.startswith("__") or isinstance(value, type(sys)):
+                continue
+            if isinstance(value, type):  # a public class's tables; private ones keep registries
+                if value.__module__ == module and prefix == module and not key.startswith("_"):
+                    self._watch_data(f"{prefix}.{key}", vars(value), module)
+                continue
+            if callable(value) or isinstance(value, METHOD_KINDS):
+                continue
+            self.watch(f"{prefix}.{key}",
+                       lambda d=namespace, k=key: _fingerprint(d.get(k, MISSING)), _equal)
 
     def _watch_namespace(self, prefix: str, namespace, module: str) -> None:
         for key, value in list(namespace.items()):
@@ -246,6 +266,19 @@ def install(config: dict) -> tuple:
             pass
     Guard.instance = Guard(get_ipython(), config)
     return Guard.instance.check(config["token"])
+
+
+def _fingerprint(value) -> str:
+    """What a plain value holds, as text: its repr (an array's bytes, which repr abbreviates)."""
+    tobytes = getattr(value, "tobytes", None)
+    if callable(tobytes) and hasattr(value, "dtype"):
+        return f"{type(value).__name__} {value.dtype} {getattr(value, 'shape', '')} " \
+               f"{hash(tobytes())}"
+    return repr(value)
+
+
+def _equal(now, before) -> bool:
+    return now == before
 
 
 def _read(read):

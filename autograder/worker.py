@@ -49,6 +49,9 @@ class GradeTask:
     # The kernel's sandbox: autograder.sandbox.SandboxSettings as plain data (empty: its
     # defaults, sandbox on); from RunnerProfile.sandbox_settings().
     sandbox: dict = field(default_factory=dict)
+    # Expected answers the test cells name (autograder/answers.py), computed by the parent
+    # outside any learner's kernel: name -> plain value.
+    answers: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ def autograde_config(root: Path, task: GradeTask):
             "Autograde.force": True,
             "Autograde.autograde_preprocessors": [ours.get(p, p) for p in default],
             "Execute.timeout": task.cell_timeout_s,
+            "GradeExecute.answers": task.answers,
             # The learner's code runs in a sandboxed kernel (autograder/sandbox.py).
             "SandboxedKernelManager.sandbox": asdict(SandboxSettings(**task.sandbox)),
             # A learner who deletes a test cell gets it back (and runs it), not a free pass.

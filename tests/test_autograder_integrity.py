@@ -163,8 +163,12 @@ def test_plan_knows_tests_setup_and_what_the_tests_read():
     assert plan.imports == plan.watch == (), "the fixture's tests import nothing"
     lab1 = Plan.of(nbformat.read(ROOT / "solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb",
                                  as_version=4))
-    assert {"gpulab.checks", "gpulab.sim"} <= set(lab1.imports)
-    assert {"gpulab.checks.*", "numpy"} <= set(lab1.watch)
+    assert {"gpulab.checks.lab1", "gpulab.checks.keys", "gpulab.sim"} <= set(lab1.imports)
+    assert {"gpulab.*", "numpy"} <= set(lab1.watch)  # every gpulab module, not a list
+    assert lab1.data == ("gpulab.*",)  # and their data: spec sheets, recipes, tolerances
+    quiz = Plan.of(nbformat.read(ROOT / "solutions/quiz/quiz.ipynb", as_version=4))
+    # The modules the quiz's own setup cell imports are loaded (and watched) before any cell.
+    assert {"gpulab.memory.recipes", "gpulab.distributed"} <= set(quiz.imports)
 
 
 @pytest.mark.parametrize(("code", "words"), [

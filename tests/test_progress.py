@@ -1,9 +1,10 @@
 """gpulab.progress: a lab's visible checks, part by part, on the learner's own definitions.
 
 Each lab's parts table (the ASSIGNMENT in its gpulab/checks/labN package) is compared with the
-visible half of every test cell of every solutions/lab*/ notebook, so the two cannot drift. The runs use the cheap parts (Lab 1's
-waves, Lab 2's to_device, Lab 5's 1F1B order) with the solution's own cells (pass), the released
-stubs (not started) and known-wrong answers (fail with the checker's teaching message).
+visible half of every test cell of every solutions/lab*/ notebook, so the two cannot drift. The
+runs use the cheap parts (Lab 1's waves, Lab 2's to_device, Lab 5's 1F1B order) with the
+solution's own cells (pass), the released stubs (not started) and known-wrong answers (fail
+with the checker's teaching message).
 """
 
 import ast

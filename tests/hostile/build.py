@@ -22,6 +22,7 @@ BASES = {  # (lab, base) -> the notebook a case starts from
         ROOT / "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb",
     ("lab4_memory_and_profiling", "solution"):
         ROOT / "solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb",
+    ("quiz", "solution"): ROOT / "solutions/quiz/quiz.ipynb",
     ("capstone_distributed_gpt", "solution"):
         ROOT / "solutions/capstone_distributed_gpt/capstone_distributed_gpt.ipynb",
 }

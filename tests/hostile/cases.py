@@ -208,21 +208,21 @@ LAB2 = [
 torch.equal = lambda a, b: True
 torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
 ''', scores=LAB2_ZERO, flags=("torch.equal",)),
-    Case("checker2", "gpulab.checks.check_amp_step replaced by a function that accepts anything",
+    Case("checker2", "the lab's check_amp_step replaced by a function that accepts anything",
          lab="lab2_amp_training", base="release", after="imports", code='''
-import gpulab.checks
+import gpulab.checks.lab2
 
-gpulab.checks.check_amp_step = lambda *args, **kwargs: None
-''', scores=LAB2_ZERO, flags=("gpulab.checks.check_amp_step",)),
+gpulab.checks.lab2.check_amp_step = lambda *args, **kwargs: None
+''', scores=LAB2_ZERO, flags=("gpulab.checks.lab2.check_amp_step",)),
 ]
 
 LAB1 = [
-    Case("checker", "gpulab.checks.check_saxpy replaced by a function that accepts anything",
+    Case("checker", "the lab's check_saxpy replaced by a function that accepts anything",
          lab="lab1_cuda_kernels", base="release", after="imports", code='''
-import gpulab.checks
+import gpulab.checks.lab1
 
-gpulab.checks.check_saxpy = lambda kernel, sizes=(), seed=0: None
-''', scores=LAB1_ZERO, flags=("gpulab.checks.check_saxpy",),
+gpulab.checks.lab1.check_saxpy = lambda kernel, sizes=(), seed=0: None
+''', scores=LAB1_ZERO, flags=("gpulab.checks.lab1.check_saxpy",),
          reasons=voided("test_saxpy")),
     Case("numpy", "numpy.isclose and gpulab.sim's race check patched", lab="lab1_cuda_kernels",
          base="release", after="imports", code='''
@@ -244,6 +244,15 @@ class AlwaysEqual:
 
 n_waves = tail_utilization = utilization = AlwaysEqual()
 '''}, scores=LAB1_ZERO, reasons=()),
+    # The attack that once earned 16/16: the A100's frozen spec edited in place, so that the
+    # checker's own sums agreed with answers made for a 250-SM A100.
+    Case("lab1_spec_edit", "the A100's spec sheet edited in place (250 SMs), Part 6 answered "
+         "for it", lab="lab1_cuda_kernels", base="release", answers={"waves": '''
+a100 = get_gpu("A100")
+object.__setattr__(a100, "sms", 250)  # a frozen dataclass gives way to object.__setattr__
+n_waves = math.ceil(1000 / (a100.sms * 4))  # 1: every block fits at once
+tail_utilization = utilization = 1000 / (n_waves * a100.sms * 4)  # 1.0
+'''}, scores=LAB1_ZERO, flags=("gpulab.gpu_specs.GPUS",), reasons=voided("test_waves")),
 ]
 
 LAB3_FULL = {"test_ring_all_reduce": 6.0, "test_simple_ddp": 3.0, "test_fast_ddp": 7.0,
@@ -325,9 +334,59 @@ CAPSTONE_VOID = {"test_sharded_training": 0.0, "test_memory_plan": 0.0,
 CAPSTONE = [
     Case("capstone_loose", "the checker's loss tolerance made infinite before any test",
          lab="capstone_distributed_gpt", after="shard_model", code='''
-import gpulab.checks.capstone as capstone_checks
+import gpulab.checks.capstone.sharded_training as capstone_checks
 
 capstone_checks.loss_tolerance = lambda: float("inf")
 ''', scores=CAPSTONE_VOID, flags=("loss_tolerance",),
          reasons=voided("test_sharded_training")),
+    Case("capstone_preset_edit", "the tiny preset edited in place (one Block), so that measured "
+         "memory follows a smaller model", lab="capstone_distributed_gpt", after="shard_model",
+         code='''
+from gpulab.capstone.config import PRESETS
+
+object.__setattr__(PRESETS["tiny"], "n_layer", 1)
+''', scores=CAPSTONE_VOID, flags=("gpulab.capstone.config.PRESETS",),
+         reasons=voided("test_sharded_training")),
+]
+
+# Lab 4's diagnosis is compared with numbers the grader measured outside the kernel: a scenario
+# edited in place, with answers measured on it, voids the tests from there on.
+LAB4_ZERO = dict.fromkeys(LAB4_FULL, 0.0)
+LAB4_DATA = [
+    Case("lab4_scenario_edit", "the OOM scenario's model edited in place (one Block), Part A1 "
+         "answered from its peak", lab="lab4_memory_and_profiling", answers={"diagnosis": '''
+import sys
+
+from gpulab.memory.measure import measure_step
+
+scenario_module = sys.modules["gpulab.memory.oom_scenario"]
+object.__setattr__(scenario_module.CONFIG, "n_layer", 1)
+model, optimizer, x, y = scenario_module.oom_scenario().make()
+peak = measure_step(model, (x, y), optimizer).breakdown
+sizes = peak.as_dict()
+DOMINANT_CATEGORY = max(sizes, key=sizes.get)
+DOMINANT_SHARE = sizes[DOMINANT_CATEGORY] / peak.total
+TIMES_MODEL_STATES = sizes[DOMINANT_CATEGORY] / (peak.parameters + peak.gradients
+                                                 + peak.optimizer)
+'''}, scores=LAB4_ZERO, flags=("gpulab.memory.oom_scenario.CONFIG",),
+         reasons=voided("test_diagnosis")),
+]
+
+# The quiz's numbers come from the grader too: a recipe table edited in place, with q23
+# answered from it, voids q23 and the questions after it.
+QUIZ_CHOICE = ("q01", "q03", "q06", "q07", "q08", "q09", "q10", "q11", "q13", "q14", "q17",
+               "q18", "q19", "q21", "q22", "q24", "q25")
+QUIZ_FULL = {f"q{i:02d}": 1.0 if f"q{i:02d}" in QUIZ_CHOICE else 2.0 for i in range(1, 26)}
+QUIZ = [
+    Case("quiz_recipe_edit", "bf16-autocast's bytes per parameter edited in place, q23 "
+         "answered with them", lab="quiz", answers={"q23_answer": '''
+import dataclasses
+
+from gpulab.memory import recipes
+
+recipes.RECIPES["bf16-autocast"] = dataclasses.replace(recipes.RECIPES["bf16-autocast"],
+                                                       param_itemsize=2)
+q23 = model_states(1.3e9, "bf16-autocast", "adamw").total_bytes / 1e9
+'''}, scores={**QUIZ_FULL, "q23": 0.0, "q24": 0.0, "q25": 0.0},
+         flags=("gpulab.memory.recipes.RECIPES",), reasons=voided("q23")),
 ]

@@ -68,8 +68,9 @@ def _require_course_config(config, course_config: dict | None) -> None:
                if mine.get(k) != v]
     if changed:
         raise AssertionError(f"capstone_config() in this kernel is not the course's "
-                             f"({'; '.join(changed[:3])}): was changed in this notebook. Restart the kernel "
-                             "and run the notebook without that change.")
+                             f"({'; '.join(changed[:3])}): gpulab.capstone was changed in this "
+                             "notebook. Restart the kernel and run the notebook without that "
+                             "change.")
 
 
 def check_prediction_follows_plan(predict_memory, plan, *, seed: int = 0) -> None:

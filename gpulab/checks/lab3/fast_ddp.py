@@ -21,17 +21,17 @@ from gpulab.checks.harness.ranks import launch
 from gpulab.checks.harness.training import call_learner
 from gpulab.checks.lab3 import ranks as lab3_ranks
 from gpulab.checks.lab3.simple_ddp import (
-    _ORDER,
     BRANCHY,
     DDP_TIMEOUT_S,
     MLP,
-    _case,
-    _check_start,
-    _check_steps,
-    _ddp_crash,
-    _ddp_hang,
-    _refuse_borrowed,
-    _Replay,
+    SAME_ORDER_HINT,
+    Replay,
+    check_start,
+    check_steps,
+    explain_ddp_crash,
+    explain_ddp_hang,
+    make_case,
+    refuse_borrowed,
 )
 
 # Part 3's cases: (model, bucket_numel, use_extra: None or a function of the rank, overlap
@@ -111,19 +111,20 @@ def check_fast_ddp(FastDDP, make_buckets, world_size: int = 2,
             used = [str(r) for r in range(p) if use_extra(r)]
             label += (f", the branch used on rank {' and '.join(used)} only" if used
                       else ", the branch used on no rank")
-        built.append((_case(label, model, seed + 13 * i + p, p, {"bucket_numel": cap},
+        built.append((make_case(label, model, seed + 13 * i + p, p, {"bucket_numel": cap},
                             use_extra), cap, overlap))
     results = launch(lab3_ranks.ddp_rank, p, FastDDP, [c for c, _, _ in built],
                      name="FastDDP", case=f"{p} ranks", timeout_s=DDP_TIMEOUT_S,
-                     ship=(lab3_ranks,), explain_hang=_ddp_hang, explain_crash=_ddp_crash)
+                     ship=(lab3_ranks,), explain_hang=explain_ddp_hang,
+                     explain_crash=explain_ddp_crash)
     for i, (case, cap, overlap) in enumerate(built):
         per_rank = [results[r][i] for r in range(p)]
-        _refuse_borrowed("FastDDP", per_rank)
-        replay = _Replay(case, p)
-        _check_start("FastDDP", case["label"], per_rank, replay)
+        refuse_borrowed("FastDDP", per_rank)
+        replay = Replay(case, p)
+        check_start("FastDDP", case["label"], per_rank, replay)
         numels = [s.numel() for s in replay.starts[0]]
         _check_buckets(case["label"], per_rank, numels, cap, overlap)
-        _check_steps("FastDDP", case["label"], per_rank, replay, p)
+        check_steps("FastDDP", case["label"], per_rank, replay, p)
 
 
 def _check_buckets(label: str, results, numels, cap: int, overlap: bool) -> None:
@@ -137,7 +138,7 @@ def _check_buckets(label: str, results, numels, cap: int, overlap: bool) -> None
             got = [c["numel"] for c in calls]
             if got != sizes:
                 if sorted(got) == sorted(sizes):
-                    why = f"in another order. {_ORDER}"
+                    why = f"in another order. {SAME_ORDER_HINT}"
                 elif len(got) == len(numels) and len(sizes) != len(numels):
                     why = "one per parameter: put the parameters into buckets (make_buckets)."
                 else:

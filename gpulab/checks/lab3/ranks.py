@@ -2,9 +2,9 @@
 
 Each `*_rank` function is the body of one launch, fn(rank, world_size, ..., log_dir). It runs the
 learner's ring, DDP wrapper or training function on inputs the checker chose, records what that
-code asked of torch.distributed (harness/calls.py: CallLog), and returns plain tensors and lists. The
-checkers (ring.py, simple_ddp.py, fast_ddp.py, train_ddp.py) grade those in the notebook's
-process, never here.
+code asked of torch.distributed (harness/calls.py: CallLog), and returns plain tensors and
+lists. The checkers (ring.py, simple_ddp.py, fast_ddp.py, train_ddp.py) grade those in the
+notebook's process, never here.
 
     ring_rank    Part 1: dist.all_reduce, then the learner's ring_all_reduce, on each case
     ddp_rank     Parts 2-3: a few SGD steps through the learner's wrapper, on each case

@@ -37,7 +37,7 @@ BRANCHY = {"kind": "branchy", "n_features": 12, "n_classes": 5, "hidden": 16}
 # ----------------------------------------------------------------------------- the cases
 
 
-def _case(label, model, seed, world_size, kwargs, use_extra=None, steps=3) -> dict:
+def make_case(label, model, seed, world_size, kwargs, use_extra=None, steps=3) -> dict:
     g = torch.Generator().manual_seed(seed)
     batches = [(torch.randn(BATCH, model["n_features"], generator=g),
                 torch.randint(0, model["n_classes"], (BATCH,), generator=g))
@@ -47,7 +47,7 @@ def _case(label, model, seed, world_size, kwargs, use_extra=None, steps=3) -> di
             "batches": batches, "use_extra": extra}
 
 
-class _Replay:
+class Replay:
     """The case's steps, replayed in this process: each rank's own start, each rank's local
     gradients, and their mean (missing gradients count as zero), step after step from rank 0's
     start. With every parameter used on every rank, that mean is the gradient of single-process
@@ -90,11 +90,12 @@ def _last_case(events: list[dict]) -> list[dict]:
     return events[marks[-1]:] if marks else events
 
 
-_ORDER = ("Every rank must make the same all-reduces in the same order: launch bucket i only "
-          "after buckets 0 .. i-1 have gone (in bucket order, not in the order they fill), and "
-          "when a parameter got no gradient on a rank (a branch its forward pass skipped), its "
-          "bucket still goes, in its turn, from finish_gradient_sync, with zeros for the "
-          "missing gradients.")
+SAME_ORDER_HINT = (
+    "Every rank must make the same all-reduces in the same order: launch bucket i only "
+    "after buckets 0 .. i-1 have gone (in bucket order, not in the order they fill), and "
+    "when a parameter got no gradient on a rank (a branch its forward pass skipped), its "
+    "bucket still goes, in its turn, from finish_gradient_sync, with zeros for the "
+    "missing gradients.")
 
 
 def _describe(call: dict) -> str:
@@ -116,7 +117,7 @@ def _mismatch(logs) -> str | None:
         b = next(r for r, v in sorted(seen.items()) if v != seen[a])
         said = {r: _describe(seqs[r][k]) if seen[r] else "nothing (it made no more)"
                 for r in (a, b)}
-        hint = _ORDER
+        hint = SAME_ORDER_HINT
         if any(seen[r] and seqs[r][k]["phase"] == "construct" for r in (a, b)):
             hint = ("Every rank must make the same broadcasts in __init__, in the same order: "
                     "dist.broadcast(p.data, src=0) for each parameter, on every rank (not "
@@ -127,19 +128,19 @@ def _mismatch(logs) -> str | None:
     return None
 
 
-def _ddp_hang(error, logs) -> str:
+def explain_ddp_hang(error, logs) -> str:
     return _mismatch(logs) or (
         "A rank waited for a collective that another rank never made, or for a handle that "
-        f"never completes. {_ORDER}")
+        f"never completes. {SAME_ORDER_HINT}")
 
 
-def _ddp_crash(error, logs) -> str | None:
+def explain_ddp_crash(error, logs) -> str | None:
     gloo = not error.exc_type or any(word in error.traceback for word in (
         "gloo", "Connection reset", "Connection closed", "Broken pipe"))
     return _mismatch(logs) if gloo else None
 
 
-def _refuse_borrowed(name: str, results: list[dict]) -> None:
+def refuse_borrowed(name: str, results: list[dict]) -> None:
     for r, res in enumerate(results):
         if res["torch_ddp"]:
             raise AssertionError(f"{name} wraps torch's DistributedDataParallel (rank {r}): "
@@ -150,7 +151,7 @@ def _refuse_borrowed(name: str, results: list[dict]) -> None:
                                  "wrapper yourself, in the notebook.")
 
 
-def _check_start(name: str, label: str, results, replay: _Replay) -> None:
+def check_start(name: str, label: str, results, replay: Replay) -> None:
     want = replay.starts[0]
     for r, res in enumerate(results):
         if _equal(res["start"], want):
@@ -172,7 +173,7 @@ def _check_start(name: str, label: str, results, replay: _Replay) -> None:
             "nothing else in __init__.")
 
 
-def _check_steps(name: str, label: str, results, replay: _Replay, world_size: int) -> None:
+def check_steps(name: str, label: str, results, replay: Replay, world_size: int) -> None:
     for step in range(len(replay.grads)):
         want = replay.grads[step]
         for r, res in enumerate(results):
@@ -213,7 +214,7 @@ def _check_steps(name: str, label: str, results, replay: _Replay, world_size: in
                 "change the parameters outside __init__?")
 
 
-def _grad_mistake(got, replay: _Replay, step: int, r: int, world_size: int) -> str:
+def _grad_mistake(got, replay: Replay, step: int, r: int, world_size: int) -> str:
     want = replay.grads[step]
     if rel_err(got, [w * world_size for w in want]) <= GRAD_RTOL:
         return (f"the gradients are {world_size} times too big: they are the sum over the "
@@ -242,12 +243,12 @@ def check_simple_ddp(SimpleDDP, world_sizes=(2,), seed: int = 0) -> None:
     match single-process training on the whole batch, identical on every rank."""
     require_own_class(SimpleDDP, "SimpleDDP")
     for p in world_sizes:
-        case = _case(f"an MLP on {p} ranks", MLP, seed + p, p, {})
+        case = make_case(f"an MLP on {p} ranks", MLP, seed + p, p, {})
         results = launch(lab3_ranks.ddp_rank, p, SimpleDDP, [case], name="SimpleDDP",
                          case=case["label"], timeout_s=DDP_TIMEOUT_S, ship=(lab3_ranks,),
-                         explain_hang=_ddp_hang, explain_crash=_ddp_crash)
+                         explain_hang=explain_ddp_hang, explain_crash=explain_ddp_crash)
         per_rank = [results[r][0] for r in range(p)]
-        _refuse_borrowed("SimpleDDP", per_rank)
-        replay = _Replay(case, p)
-        _check_start("SimpleDDP", case["label"], per_rank, replay)
-        _check_steps("SimpleDDP", case["label"], per_rank, replay, p)
+        refuse_borrowed("SimpleDDP", per_rank)
+        replay = Replay(case, p)
+        check_start("SimpleDDP", case["label"], per_rank, replay)
+        check_steps("SimpleDDP", case["label"], per_rank, replay, p)

@@ -45,7 +45,7 @@ SIGNATURE = "(model, optimizer, images, labels, *, steps, batch_size, seed)"
 
 
 @contextmanager
-def _full_fp32():
+def full_fp32():
     """fp32 matmuls in full precision while checking, whatever the notebook set: TF32
     (torch.set_float32_matmul_precision("high")) moves results by about 0.1% on a GPU, far more
     than summing in another order does. The learner's setting comes back after."""
@@ -85,7 +85,7 @@ def _run(train, problem, name: str, case: str):
     return value, model, before
 
 
-def _as_losses(value, steps: int, batch_size: int, case: str) -> list[float]:
+def as_losses(value, steps: int, batch_size: int, case: str) -> list[float]:
     if isinstance(value, torch.Tensor):
         raise AssertionError(
             f"fast_train ({case}) returned a tensor; return what slow_train returns, a list of "
@@ -112,7 +112,7 @@ def _as_losses(value, steps: int, batch_size: int, case: str) -> list[float]:
     return [float(v) for v in value]
 
 
-def _close(got: float, want: float) -> bool:
+def losses_close(got: float, want: float) -> bool:
     return math.isclose(got, want, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL)
 
 
@@ -187,7 +187,7 @@ def _first_step_mistake(got: float, want: float, problem, close) -> str | None:
 
 
 def _first_step_hint(got: float, want: float, problem) -> str:
-    return _first_step_mistake(got, want, problem, _close) or (
+    return _first_step_mistake(got, want, problem, losses_close) or (
         "The model has not been updated yet at step 0, so the difference is in the batch: "
         "which examples (slow_train's order: permutations from "
         "torch.Generator().manual_seed(seed)), their transform, or the loss (the mean "
@@ -218,8 +218,8 @@ def _later_step_hint(k: int, got0: float, want0: float, problem) -> str:
 def _compare(got: list[float], model, before, want: list[float], want_model, problem,
              case: str) -> None:
     unchanged = all(torch.equal(a, b) for a, b in zip(param_copies(model), before, strict=True))
-    bad = next((k for k, (g, w) in enumerate(zip(got, want, strict=True)) if not _close(g, w)),
-               None)
+    bad = next((k for k, (g, w) in enumerate(zip(got, want, strict=True))
+                if not losses_close(g, w)), None)
     if unchanged and (bad is None or bad > 0):
         raise AssertionError(
             f"fast_train ({case}): the model's parameters did not change. Train the model you "
@@ -240,7 +240,7 @@ def _compare(got: list[float], model, before, want: list[float], want_model, pro
 
 
 @one_thread()
-@_full_fp32()
+@full_fp32()
 def check_fast_results(fast_train, seed: int = 0, steps: int = RESULT_STEPS,
                        batch_size: int = BATCH_SIZE) -> None:
     """fast_train and slow_train, from the same fresh model and optimizer, give the same
@@ -251,5 +251,5 @@ def check_fast_results(fast_train, seed: int = 0, steps: int = RESULT_STEPS,
     case = f"seed={seed}, steps={steps}, batch_size={batch_size}"
     want, want_model, _ = _run(slow_train, problem, "slow_train", case)
     value, model, before = _run(fast_train, problem, "fast_train", case)
-    got = _as_losses(value, steps, problem.batch_size, case)
+    got = as_losses(value, steps, problem.batch_size, case)
     _compare(got, model, before, want, want_model, problem, case)

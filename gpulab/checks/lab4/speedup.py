@@ -24,7 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from gpulab.checks.harness.training import call_learner, one_thread
-from gpulab.checks.lab4.fast_results import _as_losses, _close, _full_fp32, check_fast_results
+from gpulab.checks.lab4.fast_results import as_losses, check_fast_results, full_fp32, losses_close
 from gpulab.slow_pipeline import pipeline_problem, slow_train
 
 TIMED_STEPS, ROUNDS = 30, 5
@@ -124,7 +124,7 @@ def _slow_message(ratio: float, min_speedup: float, slow_s: float, fast_s: float
 
 
 @one_thread()
-@_full_fp32()
+@full_fp32()
 def check_speedup(fast_train, min_speedup: float = 3.0, seed: int = 0,
                   steps: int = TIMED_STEPS, rounds: int = ROUNDS) -> None:
     """check_fast_results first; then slow_train's time over fast_train's, measured here, must
@@ -138,9 +138,9 @@ def check_speedup(fast_train, min_speedup: float = 3.0, seed: int = 0,
         case = f"timed run, seed={problem.seed}, steps={steps}"
         timed = [_timed(train, problem, case) for train in pair]
         (slow_s, want), (fast_s, got) = timed if r % 2 == 0 else timed[::-1]
-        got = _as_losses(got, steps, problem.batch_size, case)
+        got = as_losses(got, steps, problem.batch_size, case)
         bad = next((k for k, (g, w) in enumerate(zip(got, want, strict=True))
-                    if not _close(g, w)), None)
+                    if not losses_close(g, w)), None)
         if bad is not None:
             raise AssertionError(
                 f"fast_train ({case}): step {bad}'s loss is {got[bad]:.6f}, slow_train's "

@@ -1,5 +1,5 @@
 """What every rank of Lab 5's cluster check runs, at the end of the script that the checker writes
-(gpulab/checks/lab5/pp_tp_cluster.py): join the process group, make the (dp=1, pp, tp) groups, and for
+(pp_tp_cluster.py): join the process group, make the (dp=1, pp, tp) groups, and for
 each case build the GPT from the checker's weights, call the learner's pp_tp_step on it, and save
 what came back as plain tensors for the checker to grade.
 

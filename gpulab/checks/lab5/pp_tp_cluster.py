@@ -5,11 +5,11 @@ ranks, trained one step with 1F1B on a LocalCluster, against the same GPT in one
     check_pp_tp_cluster(pp_tp_step, TPMLP, CopyToTP, ReduceFromTP, ColumnParallelLinear,
                         RowParallelLinear, one_f_one_b_stage, n_microbatches=4)
 
-What happens: the learner's code is written out as a script (gpulab/distributed/node_script.py: their
-sources and what those use from the notebook), every node of a LocalCluster(nodes, procs_per_node)
-runs it under torchrun, and on each rank the end of the script (cluster_rank.py) calls
-pp_tp_step once per case and saves the stage's parameters and gradients. Here, the same GPT
-runs forward and backward on the whole batch in one process, and each rank's loss and
+What happens: the learner's code is written out as a script (gpulab.distributed.node_script:
+their sources and what those use from the notebook), every node of a LocalCluster(nodes,
+procs_per_node) runs it under torchrun, and on each rank the end of the script (cluster_rank.py)
+calls pp_tp_step once per case and saves the stage's parameters and gradients. Here, the same
+GPT runs forward and backward on the whole batch in one process, and each rank's loss and
 gradients are compared with it: replicated parameters whole, the MLPs' shards with the slice of
 the full gradient that their values identify (fc: a block of rows, proj: a block of columns,
 proj's bias whole). Several n_microbatches cost one launch (10-20 s on 2 busy cores).

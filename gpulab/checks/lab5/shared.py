@@ -9,8 +9,8 @@ with the unsharded reference, and reading the collectives each rank made.
 
 With world_size > tp_size the groups are strided, so that neither the default group nor a
 rank's place in the world (dist.get_rank()) is right for a group; each group gets other data.
-A launch is harness.ranks.launch: a time limit, where each rank waited when they hang, the learner's own
-lines when they raise. What runs on the ranks is in ranks.py, shipped by value.
+A launch is harness.ranks.launch: a time limit, where each rank waited when they hang, the
+learner's own lines when they raise. What runs on the ranks is in ranks.py, shipped by value.
 Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
 """
 

@@ -1,0 +1,91 @@
+"""Expected answers fixed outside the learner's kernel, and written into the test cells.
+
+A hidden test that computed its expected value in the grading kernel would compare the learner's
+answer with whatever that kernel's library says, and the learner's cells run in that kernel
+first: an edit of a GPU's spec sheet (object.__setattr__ on a frozen dataclass) makes both sides
+agree on a wrong number. So the course's test cells name an expected value instead,
+`answer_key("lab1.waves")`, and grading fixes it before the learner's code runs:
+
+    answers = compute_answers(lab, source, profile)   # once per batch, in a process of its own,
+                                                      # from the installed library
+    fill_in(test_cell_source, answers)                # each call replaced by its literal value
+
+fill_in runs in the grader (autograder/execute.py) on a test cell's source just before it is
+sent to the kernel; the notebook keeps the cell as written. A name with no computed value
+becomes an expression that raises, so such a test fails instead of passing on the kernel's own
+number. The grader knows the course only by the command below, never by importing it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ANSWER_CALL = "answer_key"  # the name test cells call (gpulab/checks/keys.py)
+ANSWERS_COMMAND = (sys.executable, "-m", "gpulab.checks.keys")  # + LAB: JSON on stdout
+ANSWERS_TIMEOUT_S = 300  # imports torch and numba, measures one small training step (Lab 4)
+
+
+class AnswersError(RuntimeError):
+    """The expected answers of a lab could not be computed: nothing can be graded fairly."""
+
+
+def uses_answers(source: Path) -> bool:
+    """True when a notebook of the lab's source folder names an expected answer."""
+    return any(f"{ANSWER_CALL}(" in path.read_text(encoding="utf-8")
+               for path in sorted(Path(source).glob("*.ipynb")))
+
+
+def compute_answers(lab: str, source: Path, env: Mapping[str, str]) -> dict:
+    """{name: value} for every expected answer of `lab`, computed by the course's command in a
+    fresh process with the grading kernel's environment `env` (its runner); {} when the lab's
+    test cells name none."""
+    if not uses_answers(source):
+        return {}
+    try:
+        done = subprocess.run([*ANSWERS_COMMAND, lab], capture_output=True, text=True,
+                              env=dict(env), timeout=ANSWERS_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise AnswersError(f"computing {lab}'s expected answers took over "
+                           f"{ANSWERS_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise AnswersError(f"computing {lab}'s expected answers failed (exit status "
+                           f"{done.returncode}):\n{tail}")
+    return json.loads(done.stdout)
+
+
+def fill_in(source: str, answers: Mapping[str, object]) -> str:
+    """`source` with every answer_key("name") call replaced by the literal of its value."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # not plain Python: the kernel will say why when it runs
+        return source
+    calls = [node for node in ast.walk(tree) if _is_answer_call(node)]
+    if not calls:
+        return source
+    lines = source.splitlines(keepends=True)
+    # ast gives byte offsets within a line; edit the UTF-8 bytes, last call first.
+    for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        name = node.args[0].value
+        literal = repr(answers[name]) if name in answers else _raises(name)
+        first, last = node.lineno - 1, node.end_lineno - 1
+        head = lines[first].encode()[:node.col_offset]
+        tail = lines[last].encode()[node.end_col_offset:]
+        lines[first:last + 1] = [(head + f"({literal})".encode() + tail).decode()]
+    return "".join(lines)
+
+
+def _is_answer_call(node) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == ANSWER_CALL and len(node.args) == 1 and not node.keywords
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+
+
+def _raises(name: str) -> str:
+    message = f"the grader has no expected answer {name!r}: ask the instructor"
+    return f"(_ for _ in ()).throw(LookupError({message!r}))"
