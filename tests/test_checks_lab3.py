@@ -67,8 +67,8 @@ def fails(check, *args, match: str, **kwargs) -> str:
 
 @pytest.fixture
 def quick_timeouts(monkeypatch):
-    """Code that must hang is cut after 8 s here (20 s and 30 s in the lab): time enough, on a busy machine,
-    for every rank to reach the call it hangs in."""
+    """Code that must hang is cut after 8 s here (20 s and 30 s in the lab): time enough, on a
+    busy machine, for every rank to reach the call it hangs in."""
     from gpulab.checks.lab3 import fast_ddp, ring
 
     monkeypatch.setattr(ring, "RING_TIMEOUT_S", 8.0)
