@@ -1,7 +1,9 @@
 """Lab 1, CUDA kernels (solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb): its parts and points,
 and its checkers. Each checker launches the learner's kernel itself on inputs it makes, compares
 plain NumPy copies of the results with a NumPy reference, and fails with a message that says
-which element, what came out against what was expected, and the likely cause.
+which element, what came out against what was expected, and the likely cause. The reference is
+computed before the learner's kernel runs (on the simulator, a kernel is Python in the checker's
+process), as a copy the kernel is never given.
 
     check_saxpy(saxpy, sizes)                     Part 1  grid-stride loop
     check_transpose(transpose, shapes)            Part 2  2-D indexing

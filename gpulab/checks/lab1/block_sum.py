@@ -25,9 +25,9 @@ def check_block_sum(kernel, sizes=(256, 1000), seed=0):
         blocks = ceil_div(n, tpb)
         case = f"n={n}, {blocks} block(s) of {tpb} threads"
         out = GuardedOutput((blocks,), np.float32, np.nan)
+        want = np.add.reduceat(x.astype(np.float64), np.arange(0, n, tpb))
         launch(kernel, "block_sum", blocks, tpb, out.view, cuda.to_device(x), case=case)
         got = out.result("block_sum", case)
-        want = np.add.reduceat(x.astype(np.float64), np.arange(0, n, tpb))
         bad = bad_indices(got, want, rtol=1e-4, atol=1e-4)
         if bad.size == 0:
             continue

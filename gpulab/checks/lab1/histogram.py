@@ -35,10 +35,10 @@ def check_histogram(kernel, sizes=(1000, 4096), seed=0, skewed=False):
         x = _histogram_input(n, rng, skewed)
         case = f"n={n}{', every value in one bin' if skewed else ''}"
         counts = GuardedOutput((HISTOGRAM_BINS,), np.int32, 0)
+        want = histogram_reference(x // HISTOGRAM_WIDTH, HISTOGRAM_BINS).astype(np.int64)
         launch(kernel, "histogram", blocks, tpb, counts.view, cuda.to_device(x),
                np.int32(HISTOGRAM_WIDTH), case=case)
         got = counts.result("histogram", case, dtype=np.int64)
-        want = histogram_reference(x // HISTOGRAM_WIDTH, HISTOGRAM_BINS).astype(np.int64)
         if np.array_equal(got, want):
             continue
         v = int(np.flatnonzero(got != want)[0])

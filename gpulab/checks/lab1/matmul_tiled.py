@@ -32,11 +32,11 @@ def check_matmul_tiled(kernel, shapes=((8, 16, 8), (13, 21, 10)), seed=0):
         a, b, bias, blocks = _matmul_inputs((m, k, n), rng)
         case = f"a ({m}, {k}) @ b ({k}, {n}), TILE={TILE}"
         c = GuardedOutput((m, n), np.float32, np.nan)
+        product = a.astype(np.float64) @ b.astype(np.float64)
+        want = product + bias
         launch(kernel, "matmul_tiled", blocks, (TILE, TILE), c.view, cuda.to_device(a),
                cuda.to_device(b), cuda.to_device(bias), case=case)
         got = c.result("matmul_tiled", case)
-        product = a.astype(np.float64) @ b.astype(np.float64)
-        want = product + bias
         bad = bad_indices(got, want, rtol=1e-3, atol=1e-3)
         if bad.size == 0:
             continue

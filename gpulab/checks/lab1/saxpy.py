@@ -27,10 +27,10 @@ def check_saxpy(kernel, sizes=(2048, 5000), seed=0):
         y = rng.standard_normal(n).astype(np.float32)
         case = f"n={n}"
         out = GuardedOutput((n,), np.float32, np.nan)
+        want = saxpy_reference(a, x, y).astype(np.float64)
         launch(kernel, "saxpy", blocks, tpb, out.view, a, cuda.to_device(x), cuda.to_device(y),
                case=case)
         got = out.result("saxpy", case)
-        want = saxpy_reference(a, x, y).astype(np.float64)
         bad = bad_indices(got, want, rtol=1e-5, atol=1e-5)
         if bad.size == 0:
             continue

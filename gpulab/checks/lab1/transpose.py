@@ -26,9 +26,9 @@ def check_transpose(kernel, shapes=((8, 24), (13, 21)), seed=0):
         case = f"a of shape ({rows}, {cols}), out of shape ({cols}, {rows})"
         blocks = (ceil_div(cols, tx), ceil_div(rows, ty))
         out = GuardedOutput((cols, rows), np.float32, np.nan)
+        want = a.T.astype(np.float64)
         launch(kernel, "transpose", blocks, (tx, ty), out.view, cuda.to_device(a), case=case)
         got = out.result("transpose", case)
-        want = a.T.astype(np.float64)
         bad = bad_indices(got, want, rtol=0, atol=0)
         if bad.size == 0:
             continue
