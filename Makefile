@@ -63,9 +63,17 @@ lab: install
 
 # Unit and end-to-end tests, and every lesson re-executed against its committed outputs.
 # nbval needs --dist loadfile: a notebook's cells must stay together on one worker.
+# Its wall time goes to benchmarks/results/make-test.json, which `make bench` reports (target:
+# under 20 minutes on a 2-core machine).
 test: install grader-tools
+	@start=$$(date +%s); \
 	$(PY) -m pytest -n 2 --dist loadfile tests lessons \
-	  $(NBVAL) --nbval-sanitize-with lessons/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
+	  $(NBVAL) --nbval-sanitize-with lessons/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS); \
+	status=$$?; mkdir -p benchmarks/results; \
+	printf '{"seconds": %s, "exit": %s, "cores": %s, "commit": "%s", "args": "%s", "date": "%s"}\n' \
+	  $$(( $$(date +%s) - start )) $$status $$(nproc) "$$(git rev-parse --short HEAD 2>/dev/null)" \
+	  "$(subst ",',$(PYTEST_ARGS))" "$$(date -u +%FT%TZ)" > benchmarks/results/make-test.json; \
+	exit $$status
 
 lint: install
 	$(VENV)/bin/ruff check gpulab autograder tests benchmarks
