@@ -3,8 +3,9 @@
     torchrun ... -m gpulab.distributed._torchrun_entry REPORT_DIR script.py ARGS...
 
 It dies with its parent (the torchrun agent), records where it waits (the status line of
-_worker.py, in REPORT_DIR), registers a stack dump on SIGUSR1, then runs script.py as
-`python script.py ARGS` would. An uncaught exception is written to REPORT_DIR/rank{N}.error
+_worker.py, in REPORT_DIR: "init" inside init_process_group, which the launchers count as
+start-up), registers a stack dump on SIGUSR1, then runs script.py as `python script.py ARGS`
+would. An uncaught exception is written to REPORT_DIR/rank{N}.error
 (time, type, traceback) so the caller can name the rank that failed first, and printed without
 the "[rankN]:" prefix that torch's own hook would add.
 """
@@ -12,6 +13,7 @@ the "[rankN]:" prefix that torch's own hook would add.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import runpy
@@ -19,6 +21,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+RAISED_STARTING = "raised in init_process_group"  # status detail of a rank that never joined
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -28,6 +32,22 @@ def _user_traceback(error: BaseException) -> str:
                               or "runpy" in tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(error), error, tb))
+
+
+def watch_init(dist, board) -> None:
+    """Wrap dist.init_process_group so the status line says "init" while the rank joins the
+    group: the launchers count that as start-up, not as the script's run time. (A group that
+    init_device_mesh starts by itself goes unseen: there joining counts as run time.)"""
+    original = dist.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        board.set("init", "init_process_group")
+        result = original(*args, **kwargs)  # on an exception the phase stays "init"
+        board.set("run", "joined the process group")
+        return result
+
+    dist.init_process_group = init_process_group
 
 
 def main(report_dir: str, script: str, *args: str) -> None:
@@ -43,6 +63,7 @@ def main(report_dir: str, script: str, *args: str) -> None:
         faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     import torch.distributed as dist
 
+    watch_init(dist, board)
     watch_collectives(dist, board)
     board.set("run")
     sys.argv = [script, *args]
@@ -59,7 +80,8 @@ def main(report_dir: str, script: str, *args: str) -> None:
             "traceback": text}))
         sys.stderr.write(text)
         sys.stderr.flush()
-        board.set("done", "raised")
+        # Raised while joining the group: still start-up to the launchers (a start failure).
+        board.set("done", RAISED_STARTING if board.get()[0] == "init" else "raised")
         raise SystemExit(1) from None
     board.set("done", "finished")
 

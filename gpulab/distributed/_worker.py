@@ -61,22 +61,40 @@ class StatusBoard:
 
     def get(self) -> tuple[str, float, str]:
         """(phase, since, detail); ("boot", 0, "") before the rank wrote anything."""
-        text = bytes(self._map).rstrip(b"\0").decode(errors="replace")
-        phase, _, rest = text.partition("|")
-        since, _, detail = rest.partition("|")
-        try:
-            return (phase or "boot"), float(since or 0), detail
-        except ValueError:  # read while being rewritten: ask again next time
-            return "boot", 0.0, ""
+        return _parse_status(bytes(self._map))
 
     def close(self) -> None:
         self._map.close()
         self._file.close()
 
 
+def read_status(path: Path) -> tuple[str, float, str]:
+    """A rank's (phase, since, detail), read from its file without mapping it: safe while a
+    restarted rank rewrites the file (a mapping would fault on the truncated file). ("boot", 0,
+    "") while the file is missing or empty."""
+    try:
+        return _parse_status(path.read_bytes())
+    except FileNotFoundError:
+        return "boot", 0.0, ""
+
+
+def _parse_status(raw: bytes) -> tuple[str, float, str]:
+    text = raw.rstrip(b"\0").decode(errors="replace")
+    phase, _, rest = text.partition("|")
+    since, _, detail = rest.partition("|")
+    try:
+        return (phase or "boot"), float(since or 0), detail
+    except ValueError:  # read while being rewritten: ask again next time
+        return "boot", 0.0, ""
+
+
 def describe(board: StatusBoard) -> str:
     """What a rank is doing, in words: 'waiting in all_reduce (called at cell.py:5) for 3.1 s'."""
-    phase, since, detail = board.get()
+    return describe_status(*board.get())
+
+
+def describe_status(phase: str, since: float, detail: str) -> str:
+    """describe() of a status read with read_status."""
     age = f" for {time.time() - since:.1f} s" if since else ""
     return {"boot": "starting Python and importing", "load": "loading the function",
             "init": "joining the process group (init_process_group)",

@@ -44,10 +44,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulab.distributed import _procs, netns
+from gpulab.distributed._worker import describe_status, read_status
 from gpulab.distributed.cluster_result import START_FAILURE, ClusterResult, NodeResult, diagnose
 from gpulab.distributed.errors import ProcessGroupStartError, RankError
 from gpulab.distributed.launch import _ROOT
-from gpulab.distributed.torchrun import _AGENT_BOOT, _timeout
+from gpulab.distributed.torchrun import _AGENT_BOOT, RunClock, _timeout, starting_ranks
 
 _log = logging.getLogger(__name__)
 _GIVE_UP_GRACE_S = 1.0  # after a node's agent fails: time for the others to report their own
@@ -127,10 +128,10 @@ class LocalCluster:
             timeout_s: float | None = 120.0, max_restarts: int = 0,
             check: bool = False) -> ClusterResult:
         """Run `script` (a path) on every node; return what happened. timeout_s counts from the
-        moment every rank has started (start-up has start_timeout_s); past it every process
-        is stopped and LaunchTimeout says where each rank was. max_restarts is torchrun's: a
-        failed worker group is restarted that many times. check=True raises RankError when
-        the run fails."""
+        moment every rank is past start-up (Python, imports and init_process_group have
+        start_timeout_s); past it every process is stopped and LaunchTimeout says where each
+        rank was. max_restarts is torchrun's: a failed worker group is restarted that many
+        times. check=True raises RankError when the run fails."""
         if not self._open:
             raise RuntimeError("use the cluster inside `with LocalCluster(...) as cluster:`")
         script = Path(script).resolve()
@@ -222,9 +223,13 @@ class LocalCluster:
 
     def _supervise(self, agents, report: Path, forwarder, timeout_s):
         """Wait for the agents; return (exit codes, index of the first to fail, all started)."""
-        start_deadline = time.monotonic() + self.start_timeout_s
-        run_deadline = gave_up_at = failed_first = None
-        started = False
+        # timeout_s counts only once every rank is past start-up (imports, init_process_group):
+        # counted from the processes' start, a slow start-up could run it out before a rank
+        # that failed in init_process_group had told its agent, and the start failure would
+        # be reported as a hang instead of being retried.
+        clock = RunClock(self.start_timeout_s, timeout_s)
+        gave_up_at = failed_first = None
+        started = False  # every rank's process is up (a failure after this is not its launch)
         while True:
             forwarder.drain()
             codes = [a.poll() for a in agents]
@@ -233,9 +238,9 @@ class LocalCluster:
             if all(c is not None for c in codes):
                 return codes, failed_first, started
             now = time.monotonic()
-            if not started and len(list(report.glob("rank*.pid"))) == self.world_size:
-                started = True
-                run_deadline = now + (timeout_s if timeout_s is not None else 1e12)
+            started = started or len(list(report.glob("rank*.pid"))) == self.world_size
+            starting = starting_ranks(report, self.world_size)
+            limit = clock.passed(starting)
             if failed_first is not None:
                 # With a fixed node count the other nodes can only wait for the one that gave
                 # up (torchrun waits minutes at its exit barrier): stop them shortly after.
@@ -243,14 +248,13 @@ class LocalCluster:
                 if now - gave_up_at > _GIVE_UP_GRACE_S:
                     _procs.stop([a for a in agents if a.poll() is None])
                     return [a.poll() for a in agents], failed_first, started
-            elif not started and now > start_deadline:  # (limits apply to a live run only)
-                started_ranks = len(list(report.glob("rank*.pid")))
+            elif limit and starting:  # (limits apply to a live run only)
+                where = "; ".join(f"rank {r}: {_where(report, r)}" for r in starting)
                 raise ProcessGroupStartError(
-                    f"the cluster did not start every rank within start_timeout_s="
-                    f"{self.start_timeout_s:g} s ({started_ranks} of {self.world_size} started;"
-                    " still in rendezvous?)", None, started_ranks > 0)
-            elif run_deadline is not None and now > run_deadline:
-                raise _timeout(report, self.world_size, f"timeout_s={timeout_s:g}")
+                    f"the cluster did not start every rank within {limit} s ({where})", None,
+                    any(report.glob("rank*.pid")))
+            elif limit:
+                raise _timeout(report, self.world_size, limit)
             time.sleep(0.02)
 
     def _result(self, codes, failed_first, started, report, forwarder, attempt) -> ClusterResult:
@@ -262,6 +266,14 @@ class LocalCluster:
         if returncode:
             failed_rank, error = diagnose(report, "\n".join(n.stderr for n in nodes), started)
         return ClusterResult(returncode, nodes, failed_rank, error, attempt, self.isolation)
+
+
+def _where(report: Path, rank: int) -> str:
+    """What a starting rank is doing, in words (see _worker.describe)."""
+    path = report / f"rank{rank}.status"
+    if not path.exists():
+        return "not started: its node is still in rendezvous?"
+    return describe_status(*read_status(path))
 
 
 def _strip(forwarder, key: str, node_rank: int) -> str:

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.distributed import _procs
-from gpulab.distributed._worker import StatusBoard, describe
+from gpulab.distributed._torchrun_entry import RAISED_STARTING
+from gpulab.distributed._worker import StatusBoard, describe, read_status
 from gpulab.distributed.errors import LaunchTimeout, RankError
 from gpulab.distributed.launch import _ROOT
 
@@ -68,8 +69,9 @@ def torchrun_script(source_text: str, nproc_per_node: int, nnodes: int = 1,
                     check: bool = False, env: dict[str, str] | None = None) -> TorchrunResult:
     """Write `source_text` to a temporary `name` and run it with torchrun on
     nnodes * nproc_per_node ranks. As in run_on_ranks, timeout_s counts from the moment every
-    rank runs the script (start-up has its own limit); past it, every process is stopped and
-    LaunchTimeout says where each rank was. check=True raises RankError when a rank fails."""
+    rank is past start-up (see starting_ranks: Python, imports and init_process_group have
+    start_timeout_s); past it, every process is stopped and LaunchTimeout says where each rank
+    was. check=True raises RankError when a rank fails."""
     if nproc_per_node < 1 or nnodes < 1:
         raise ValueError(f"need nproc_per_node >= 1 and nnodes >= 1, got {nproc_per_node}, "
                          f"{nnodes}")
@@ -109,16 +111,12 @@ def torchrun_script(source_text: str, nproc_per_node: int, nnodes: int = 1,
 def _supervise(agents, report: Path, world_size: int, forwarder, timeout_s,
                start_timeout_s) -> int:
     """Wait for the agents to exit; return the first non-zero exit status (0 if none)."""
-    start_deadline, run_deadline = time.monotonic() + start_timeout_s, None
+    clock = RunClock(start_timeout_s, timeout_s)
     while any(a.poll() is None for a in agents):
         forwarder.drain()
-        now = time.monotonic()
-        if run_deadline is None and len(list(report.glob("rank*.pid"))) == world_size:
-            run_deadline = now + (timeout_s if timeout_s is not None else 1e12)
-        if run_deadline is None and now > start_deadline:
-            raise _timeout(report, world_size, f"start_timeout_s={start_timeout_s:g}")
-        if run_deadline is not None and now > run_deadline:
-            raise _timeout(report, world_size, f"timeout_s={timeout_s:g}")
+        limit = clock.passed(starting_ranks(report, world_size))
+        if limit:
+            raise _timeout(report, world_size, limit)
         failed = [a.returncode for a in agents if a.poll() not in (None, 0)]
         if failed and _all_ranks_done(report, world_size):
             # A node failed and every rank has finished: the other agents would only wait at
@@ -126,6 +124,43 @@ def _supervise(agents, report: Path, world_size: int, forwarder, timeout_s,
             return failed[0]
         time.sleep(0.02)
     return next((a.returncode for a in agents if a.returncode != 0), 0)
+
+
+def starting_ranks(report: Path, world_size: int) -> list[int]:
+    """The ranks still starting: Python and the imports before their script runs, or inside
+    init_process_group (_torchrun_entry marks both), or failed there. Only once this list is
+    empty does the script's own time, the one timeout_s limits, begin."""
+    starting = []
+    for rank in range(world_size):
+        phase, _, detail = read_status(report / f"rank{rank}.status")
+        if phase in ("boot", "init") or detail == RAISED_STARTING:
+            starting.append(rank)
+    return starting
+
+
+class RunClock:
+    """The two time limits of a torchrun launch. start_timeout_s holds while some rank is
+    starting; timeout_s counts from the moment none is. A rank that starts again (torchrun
+    restarted it, or it joins a process group late) starts both counts again."""
+
+    def __init__(self, start_timeout_s: float, timeout_s: float | None):
+        self.start_timeout_s, self.timeout_s = start_timeout_s, timeout_s
+        self.start_deadline = time.monotonic() + start_timeout_s
+        self.run_deadline: float | None = None  # set once every rank is past start-up
+
+    def passed(self, starting: list[int]) -> str | None:
+        """The limit that has passed ("timeout_s=3"), or None; `starting` from starting_ranks."""
+        now = time.monotonic()
+        if starting:
+            if self.run_deadline is not None:  # back to start-up: a fresh start limit
+                self.start_deadline, self.run_deadline = now + self.start_timeout_s, None
+            if now > self.start_deadline:
+                return f"start_timeout_s={self.start_timeout_s:g}"
+        elif self.run_deadline is None:
+            self.run_deadline = now + (self.timeout_s if self.timeout_s is not None else 1e12)
+        elif now > self.run_deadline:
+            return f"timeout_s={self.timeout_s:g}"
+        return None
 
 
 def _all_ranks_done(report: Path, world_size: int) -> bool:
