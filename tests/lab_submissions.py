@@ -5,17 +5,21 @@
     lab.released()                       labs/<lab> as a learner receives it
     lab.with_mistake(mistake)            the solution with one part broken the way learners do
     lab.hand_in(folder, "ada", nb)       folder/ada/<lab>.ipynb, as a learner hands it in
+    run_in_process(nb, "test_saxpy")     what that test cell raises when nb's cells run here
 
 Each mistake is a string replacement in one answer cell, found by its nbgrader grade_id. The
 replaced text must occur exactly once: when the lab's solution changes, building the submission
 fails here, loudly, instead of grading an unchanged (correct) notebook and testing nothing.
-Not a test module (no `test_` prefix): the lab grading tests and benchmarks import it.
+Not a test module (no `test_` prefix): the grading tests, the checkers' tests and benchmarks
+import it.
 """
 
 from __future__ import annotations
 
 import html
+import linecache
 import re
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +38,9 @@ class Mistake:
     cell: str  # grade_id of the answer cell that changes
     old: str  # text of the solution, found exactly once in that cell
     new: str  # what the learner wrote instead
-    test: str  # grade_id of the one test cell that must fail
+    test: str  # grade_id of the test cell that must fail, with the teaching message
     teaching: str  # regex: the checker's message about it, which the feedback must show
+    also_fails: tuple[str, ...] = ()  # other test cells that run the same code, and fail too
 
 
 def read(path: Path) -> NotebookNode:
@@ -52,6 +57,39 @@ def cell_by_grade_id(nb: NotebookNode, wanted: str) -> NotebookNode:
     if len(found) != 1:
         raise LookupError(f"{len(found)} cells with grade_id {wanted!r} in the notebook")
     return found[0]
+
+
+def run_in_process(nb: NotebookNode, test: str, context: tuple[str, ...] = ()):
+    """Run `nb` here as a grading kernel would run it up to its test cell `test`, and return
+    what that cell raised (None if it passed): the setup and answer cells before it, the
+    ungraded cells whose ids are in `context` (those that define what the answers use), then
+    the test cell whole, hidden tests included. One module named __main__ holds them, so that
+    code sent to ranks travels by value as a notebook's does, and each cell's text stays in
+    linecache, as IPython keeps it, for checkers that read the learner's source."""
+    from IPython.core.inputtransformer2 import TransformerManager  # the Colab cell's %pip
+
+    module = types.ModuleType("__main__")
+    for index, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader", {})
+        name = grade_id(cell) or cell.get("id", str(index))
+        is_test = bool(meta.get("grade")) and cell.cell_type == "code"
+        if cell.cell_type != "code" or (is_test and name != test):
+            continue
+        if not (meta or name in context or name == test):
+            continue  # a worked example or a "Try it" cell: the answers do not need it
+        source = TransformerManager().transform_cell(cell.source)
+        filename = f"/tmp/ipykernel_0/{name}.py"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        code = compile(source, filename, "exec")
+        if name != test:
+            exec(code, module.__dict__)
+            continue
+        try:
+            exec(code, module.__dict__)
+        except AssertionError as error:
+            return error
+        return None
+    raise LookupError(f"no test cell {test!r} in the notebook")
 
 
 def points_of(nb: NotebookNode) -> dict[str, float]:

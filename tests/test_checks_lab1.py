@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from grading_specs import LAB1 as SPEC
 from numba import cuda, float32
 
 import gpulab
@@ -440,3 +441,14 @@ def test_waves_explains_wrong_answers():
         lab1.check_waves("3", 0.3148, 0.7716, want=WAVES_WANT)
     with pytest.raises(AssertionError, match="should be a number"):
         lab1.check_waves(3, None, 0.7716, want=WAVES_WANT)
+
+
+# ----------------------------------------------------------------------------- known mistakes
+
+
+@pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
+def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
+    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    end): the solution with that mistake, run here up to its test cell, fails there, visible
+    and hidden tests included, with the teaching message."""
+    SPEC.expect_checker_teaches(mistake)

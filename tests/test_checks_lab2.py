@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from grading_specs import LAB2 as SPEC
 
 from gpulab.checks import lab2
 from gpulab.checks import lab2 as lab2_resume
@@ -452,3 +453,14 @@ def test_the_checkers_never_run_fp16_on_the_cpu():
     for recipe in (training.BF16, training.BF16_SCALED):
         assert recipe.device_type == "cpu" and recipe.dtype == torch.bfloat16
     assert math.log2(training.SCALE).is_integer()
+
+
+# ----------------------------------------------------------------------------- known mistakes
+
+
+@pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
+def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
+    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    end): the solution with that mistake, run here up to its test cell, fails there, visible
+    and hidden tests included, with the teaching message."""
+    SPEC.expect_checker_teaches(mistake)

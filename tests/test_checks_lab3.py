@@ -18,6 +18,7 @@ import types
 
 import pytest
 import torch
+from grading_specs import LAB3 as SPEC
 from lab_submissions import Lab, cell_by_grade_id
 
 from gpulab.checks.harness import owned
@@ -199,11 +200,7 @@ def test_the_solutions_simple_ddp_passes_on_2_and_3_ranks():
 
 BROADCAST = ("        for p in module.parameters():  # every rank calls it: rank 0 sends, the "
              "others receive\n            dist.broadcast(p.data, src=0)\n")
-WRONG_SIMPLE = {
-    "undivided": ([("simple_ddp", "            p.grad /= world_size  # the mean: the whole "
-                    "batch's gradient\n", "")],
-                  r"step 0, rank 0: the gradients are 2 times too big: they are the sum over the "
-                  r"ranks\. Divide by the world size \(2\)"),
+WRONG_SIMPLE = {  # and SPEC's "undivided", below
     "no_broadcast": ([("simple_ddp", BROADCAST, "")],
                      r"rank 1 still holds its own random initial parameters.*dist\.broadcast\("
                      r"p\.data, src=0\)"),
@@ -270,7 +267,6 @@ def test_wrong_buckets_are_named_without_processes(name):
     fails(check_make_buckets, notebook(extra=code).make_buckets, match=match)
 
 
-LAUNCH_FROM_HOOK = "        self._launch_in_order(backward_done=False)\n"
 OUT_OF_ORDER = '''
 class FastDDP(FastDDP):
     """Launches each bucket as soon as it is full, in whatever order they fill."""
@@ -285,10 +281,7 @@ class FastDDP(FastDDP):
             self.handles = [self.early[i] for i in range(len(self.buckets))]
             self.early = {}
 '''
-WRONG_FAST = {
-    "no_overlap": ([("fast_ddp", LAUNCH_FROM_HOOK, "")], "", {},
-                   r"step 0: every bucket was all-reduced in finish_gradient_sync, after "
-                   r"backward had finished: nothing overlapped"),
+WRONG_FAST = {  # and SPEC's "no_overlap", below
     "never_waits": ([("fast_ddp", "            handle.wait()  # until now the buffer may hold "
                       "a partial sum\n", "")], "", {},
                     r"returned without waiting for 3 of the 3 all-reduce handles"),
@@ -336,10 +329,7 @@ def test_the_solutions_train_ddp_passes_the_visible_and_the_hidden_tests():
 
 
 SET_EPOCH = "        sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank\n"
-WRONG_TRAIN = {
-    "no_set_epoch": ([("train_ddp", SET_EPOCH, "")], {},
-                     r"Every epoch went through the data in the same order: call "
-                     r"sampler\.set_epoch\(epoch\)"),
+WRONG_TRAIN = {  # and SPEC's "same_order_every_epoch", below
     "no_seed": ([("train_ddp", "shuffle=True,\n                                 seed=seed)",
                   "shuffle=True)")], {"world_sizes": (2,), "seed": 5},
                 r"The shuffle ignored `seed`: pass it on"),
@@ -369,3 +359,18 @@ def test_a_wrong_training_loop_fails_with_its_message(name):
     changes, kwargs, match = WRONG_TRAIN[name]
     fails(check_train_ddp, notebook(changes).train_ddp, **{"world_sizes": (2,), **kwargs},
           match=match)
+
+
+# ----------------------------------------------------------------------------- known mistakes
+
+
+@pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
+def test_a_known_mistake_fails_its_test_cell_with_its_message(monkeypatch, mistake):
+    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    end): the solution with that mistake, run here up to its test cell, fails there, visible
+    and hidden tests included, with the teaching message. The ring that deadlocks is cut as in
+    quick_timeouts; the wrappers keep the lab's limit: they are slow, not stuck."""
+    from gpulab.checks.lab3 import ring
+
+    monkeypatch.setattr(ring, "RING_TIMEOUT_S", 8.0)
+    SPEC.expect_checker_teaches(mistake)

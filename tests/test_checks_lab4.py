@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from grading_specs import LAB4 as SPEC
 
 from gpulab.checks.lab4 import check_diagnosis, check_fit_step
 from gpulab.memory import MemoryTracker, checkpoint_blocks, measure_step, oom_scenario
@@ -263,3 +264,14 @@ def test_check_fit_step_reads_the_peak_itself_when_the_budget_is_lifted():
 
     with pytest.raises(AssertionError, match="over the .* budget, yet no out-of-memory error"):
         check_fit_step(lift_the_budget)
+
+
+# ----------------------------------------------------------------------------- known mistakes
+
+
+@pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
+def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
+    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    end): the solution with that mistake, run here up to its test cell, fails there, visible
+    and hidden tests included, with the teaching message."""
+    SPEC.expect_checker_teaches(mistake)

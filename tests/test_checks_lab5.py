@@ -15,6 +15,7 @@ import re
 import types
 
 import pytest
+from grading_specs import LAB5 as SPEC
 from lab_submissions import Lab, cell_by_grade_id
 from torch import nn
 
@@ -266,3 +267,16 @@ def one_f_one_b_stage(p, m, stage):
     return [list(action) for action in _tuples(p, m, stage)]
 """).one_f_one_b_stage)
     assert stage(2, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+# ----------------------------------------------------------------------------- known mistakes
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
+def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
+    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    end): the solution with that mistake, run here up to its test cell, fails there, visible
+    and hidden tests included, with the teaching message. Part 4's test starts a 2-node
+    cluster."""
+    SPEC.expect_checker_teaches(mistake)

@@ -1,7 +1,7 @@
 """gpulab.quiz, headless: the multiple-choice buttons (with and without ipywidgets), the checks the
 quiz's test cells call, and the quiz notebook itself run in this process (no kernel): the
 solution passes every test, the release fails each with the stub's hint and shows no answer.
-Grading end to end, through nbgrader, is tests/test_quiz_grading.py.
+Grading end to end, through nbgrader, is in tests/test_grading.py.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from grading_specs import QUIZ as SPEC
 from lab_submissions import BEGIN_HIDDEN, END_HIDDEN, ROOT, grade_id, read
 
 from gpulab.checks.quiz import check_number, check_pick, grade_number, grade_pick
@@ -315,3 +316,14 @@ def test_every_choice_question_offers_the_letters_its_test_accepts():
         answer = re.search(rf'^{q} = "([a-z])"$', cells[f"{q}_answer"], re.M).group(1)
         assert answer in offered, q
         assert f'check_pick("{q}", {q})' in cells[q], q
+
+
+# ----------------------------------------------------------------------------- known mistakes
+
+
+@pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
+def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
+    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    end): the solution with that mistake, run here up to its test cell, fails there, visible
+    and hidden tests included, with the teaching message."""
+    SPEC.expect_checker_teaches(mistake)

@@ -1,0 +1,380 @@
+"""What grading each graded notebook end to end must show: one spec per assignment, read by
+tests/test_grading.py (the batches) and by the checkers' tests (the known mistakes, in process).
+
+    LAB3.assignment.points        {"test_ring_all_reduce": 6, ...}: the lab's ASSIGNMENT table
+    LAB3.mistakes                 every known mistake: a string replacement in one answer cell
+    LAB3.expect_checker_teaches(m)    its test cell, run here, fails with m's teaching message
+
+A spec holds only what is particular to its notebook; the points come from the assignment's
+table in gpulab/checks (never a copy) and the hostile cases from tests/hostile (cases_for, by
+their `lab` field). Every known mistake is run through its checker by the lab's checker tests
+(tests/test_checks_*.py, tests/test_quiz.py: one parametrized test over `mistakes`), so that
+each one loses its points in some test; a batch grades end to end only those it names in
+`end_to_end`: enough to show, through nbgrader and the sandbox, that a mistake costs exactly its
+part and that the feedback teaches it. Mistakes in distinct parts go in one notebook
+(`together`): one kernel instead of one per mistake.
+Not a test module (no `test_` prefix).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import pytest
+from lab_submissions import Lab, Mistake, cell_by_grade_id, run_in_process
+
+import gpulab.checks
+from gpulab.quiz import Pick, choose
+from gpulab.stubs import STUB_HINT
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One graded notebook, as its end-to-end grading and its checkers' tests see it."""
+
+    name: str  # the assignment: solutions/<name>/<name>.ipynb, released to labs/<name>/
+    mistakes: tuple[Mistake, ...]  # every known mistake, each run through its checker
+    end_to_end: tuple[str, ...]  # student ids of the mistakes the batch also grades
+    together: str | None = None  # hand the end_to_end mistakes in as one notebook, this id's
+    hidden_at_least: int = 1  # lines of hidden tests the notebook has, at least
+    stub_hint: str = STUB_HINT  # what an unfinished stub's test says to do
+    # test grade_id -> what its error says in the untouched release, where it is no stub's
+    untouched_says: dict[str, str] = field(default_factory=dict)
+    context: tuple[str, ...] = ()  # ids of ungraded cells the answers use (run_in_process)
+    cli: bool = False  # graded with `python -m autograder grade`, `feedback` and `export`
+    extra: Callable[[Path], None] | None = None  # hands in more learners: extra(folder)
+    marks: tuple = ()  # pytest marks of everything that grades this notebook
+
+    @property
+    def lab(self) -> Lab:
+        return Lab(self.name)
+
+    @property
+    def short(self) -> str:
+        return self.name.split("_", 1)[0]
+
+    @property
+    def assignment(self):
+        return gpulab.checks.assignment(self.name)
+
+    @property
+    def manual(self) -> dict[str, None]:
+        """The cells a person grades: autograding gives them no score."""
+        return dict.fromkeys(grade_id for grade_id, _ in self.assignment.manual)
+
+    def mistake(self, student_id: str) -> Mistake:
+        (found,) = [m for m in self.mistakes if m.student_id == student_id]
+        return found
+
+    def graded_mistakes(self) -> dict[str, tuple[Mistake, ...]]:
+        """Learner -> the mistakes in the notebook they hand in, for the end-to-end batch."""
+        chosen = tuple(self.mistake(student_id) for student_id in self.end_to_end)
+        if self.together:
+            return {self.together: chosen}
+        return {m.student_id: (m,) for m in chosen}
+
+    def with_mistakes(self, mistakes) -> nbformat.NotebookNode:
+        nb = self.lab.solution()
+        for mistake in mistakes:
+            nb = self.lab.with_mistake(mistake, nb)
+        return nb
+
+    def expect_checker_teaches(self, mistake: Mistake) -> None:
+        """The solution with `mistake`, run in this process up to its test cell: that cell (its
+        visible and hidden tests) fails with the mistake's teaching message."""
+        error = run_in_process(self.lab.with_mistake(mistake), mistake.test, self.context)
+        assert error is not None, f"{mistake.student_id}: {mistake.test} passed"
+        assert re.search(mistake.teaching, str(error), re.S), str(error)
+
+
+def params(specs, marks=()) -> list:
+    """Each spec as a pytest parameter, with its marks and its short name as id."""
+    return [pytest.param(spec, marks=(*spec.marks, *marks), id=spec.short) for spec in specs]
+
+
+# ----------------------------------------------------------------------------- Lab 1
+
+LAB1 = Spec(
+    "lab1_cuda_kernels",
+    mistakes=(
+        Mistake("off_by_one", "saxpy", "while i < out.size:", "while i <= out.size:",
+                "test_saxpy", r"strictly less: the last valid index is n - 1"),
+        Mistake("swapped_transpose", "transpose", "col, row = cuda.grid(2)",
+                "row, col = cuda.grid(2)", "test_transpose",
+                r"It was never written\. The grid covers a: x runs along a's columns"),
+        Mistake("no_barrier", "block_sum",
+                "        cuda.syncthreads()  # every thread, every step: the next step reads "
+                "these sums\n", "", "test_block_sum",
+                # The simulator may or may not show this on the visible sizes; the hidden race
+                # detector always does, so either message is right.
+                r"cuda\.syncthreads\(\) after loading and after every step|block_sum: data "
+                r"race"),
+        Mistake("wrong_tile", "matmul_tiled", "k = t * TILE + tx\n",
+                "k = tx  # the step t forgotten: a[row, tx] instead of a[row, t * TILE + tx]\n",
+                "test_matmul_tiled",
+                r"Check the tile index: step t loads a\[row, t \* TILE \+ tx\]"),
+        Mistake("no_atomics", "histogram", "cuda.atomic.add(counts, b, 1)", "counts[b] += 1",
+                "test_histogram",
+                # Lost counts are likely, not certain, on the simulator: the race detector is.
+                r"Counts were lost\. .* use cuda\.atomic\.add|is a read, an add and a write"),
+    ),
+    end_to_end=("off_by_one", "swapped_transpose", "no_barrier", "wrong_tile", "no_atomics"),
+    together="five_mistakes",
+    hidden_at_least=8,
+    stub_hint="Replace `raise NotImplementedError()` with your kernel's code.",
+    # Part 6's answers are still None: its checker asks for numbers.
+    untouched_says={"test_waves": "should be a number"},
+    cli=True,
+    marks=(pytest.mark.lab1,),
+)
+
+# ----------------------------------------------------------------------------- Lab 2
+
+LAB2 = Spec(
+    "lab2_amp_training",
+    mistakes=(
+        Mistake("blocking_copy", "to_device", "batch.to(device, non_blocking=True)",
+                "batch.to(device)", "test_to_device",
+                r"tensor copies were not asynchronous: call \.to\(device, non_blocking=True\)"),
+        Mistake("step_without_update", "amp_step",
+                "    scaler.update()  # halve the scale after a skip, grow it after a run of "
+                "clean steps\n", "", "test_amp_step",
+                r"the scale is still 1024 after the step, expected 2048: scaler\.update\(\) was "
+                r"not called"),
+        Mistake("clip_before_unscale", "amp_step",
+                "        scaler.unscale_(optimizer)  # the true gradients, not S times them\n"
+                "        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)\n",
+                "        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)\n"
+                "        scaler.unscale_(optimizer)\n", "test_amp_step",
+                r"clipped while still multiplied by the scale S = 1024.*Call "
+                r"scaler\.unscale_\(optimizer\) before clip_grad_norm_"),
+        Mistake("undivided_loss", "accumulate_gradients",
+                " * (len(x) / n_total)  # this micro-batch's share", "",
+                "test_accumulate_gradients",
+                r"the sum of the micro-batches' mean gradients, about 3 times the batch's"),
+        Mistake("forgotten_optimizer_state", "resume",
+                '    optimizer.load_state_dict(snap["optimizer"])\n', "", "test_resume",
+                r"the optimizer's state was not restored\. AdamW keeps"),
+        Mistake("shuffled_x", "memorize", "amp_step(model, optimizer, scaler, x, y, recipe)",
+                "amp_step(model, optimizer, scaler, x[torch.randperm(len(x))], y, recipe)",
+                "test_memorize", r"The memorization test fails.*x and y no longer paired"),
+    ),
+    end_to_end=("blocking_copy", "clip_before_unscale", "undivided_loss",
+                "forgotten_optimizer_state"),
+    together="four_mistakes",
+    hidden_at_least=8,
+    marks=(pytest.mark.lab2,),
+)
+
+# ----------------------------------------------------------------------------- Lab 3
+
+LAB3 = Spec(
+    "lab3_ddp_from_scratch",
+    mistakes=(
+        Mistake("blocking_sends", "ring_all_reduce",
+                "        ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, "
+                "recv, left)]\n        for request in dist.batch_isend_irecv(ops):\n"
+                "            request.wait()\n",
+                "        dist.send(send, right)\n        dist.recv(recv, left)\n",
+                "test_ring_all_reduce",
+                # 20 s in the lab; the checkers' tests shorten the wait.
+                r"did not finish within \d+ s.*waiting in send to rank 1.*deadlocks: gloo's "
+                r"send waits until the neighbour posts the matching receive"),
+        Mistake("undivided", "simple_ddp",
+                "            p.grad /= world_size  # the mean: the whole batch's gradient\n", "",
+                "test_simple_ddp",
+                r"step 0, rank 0: the gradients are 2 times too big: they are the sum over the "
+                r"ranks\. Divide by the world size \(2\)"),
+        Mistake("no_overlap", "fast_ddp", "        self._launch_in_order(backward_done=False)\n",
+                "", "test_fast_ddp",
+                r"step 0: every bucket was all-reduced in finish_gradient_sync, after backward "
+                r"had finished: nothing overlapped\. Launch each bucket from a gradient hook"),
+        Mistake("same_order_every_epoch", "train_ddp",
+                "        sampler.set_epoch(epoch)  # a new order each epoch, the same on every "
+                "rank\n", "", "test_train_ddp",
+                r"Every epoch went through the data in the same order: call "
+                r"sampler\.set_epoch\(epoch\)"),
+    ),
+    end_to_end=("undivided",),
+    hidden_at_least=5,
+    marks=(pytest.mark.lab3, pytest.mark.dist),
+)
+
+# ----------------------------------------------------------------------------- Lab 4
+
+LAB4 = Spec(
+    "lab4_memory_and_profiling",
+    mistakes=(
+        Mistake("share_in_percent", "diagnosis",
+                "DOMINANT_SHARE = sizes[DOMINANT_CATEGORY] / peak.total",
+                "DOMINANT_SHARE = 100 * sizes[DOMINANT_CATEGORY] / peak.total",
+                "test_diagnosis", r"not a percentage"),
+        Mistake("undivided_loss", "fit_step", " * (len(x_micro) / n_total)", "",
+                "test_fit_step", r"4 times the batch's gradient"),
+        # A wrong fast_train fails both of its tests: the speed-up counts only for the same
+        # results.
+        Mistake("scaled_not_standardized", "fast_train",
+                "x_all = (v - v.mean(1, keepdim=True)) / v.std(1, correction=0, keepdim=True)",
+                "x_all = v", "test_fast_results",
+                r"The transform differs: the images were scaled to \[0, 1\] \(pixel / 16\) but "
+                r"not standardized", also_fails=("test_speedup",)),
+        Mistake("slow_train_renamed", "fast_train", "    model.train()\n",
+                "    return slow_train(model, optimizer, images, labels, steps=steps,\n"
+                "                      batch_size=batch_size, seed=seed)\n", "test_speedup",
+                r"fast_train is [\d.]+x as fast as slow_train; it must be at least 3x"),
+    ),
+    end_to_end=("share_in_percent", "scaled_not_standardized"),  # fit_step left right
+    together="two_mistakes",
+    hidden_at_least=6,
+    # The OOM scenario and its measured step (Part A1's answers read `measured`), and the slow
+    # pipeline's imports (fast_train calls example_order; the wrong one calls slow_train).
+    context=("806356e7", "8f9c99fa", "8c95df90"),
+    marks=(pytest.mark.lab4,),
+)
+
+# ----------------------------------------------------------------------------- Lab 5
+
+LAB5 = Spec(
+    "lab5_parallelism_across_nodes",
+    mistakes=(
+        # Part 4 runs the learner's 1F1B order: a wrong order costs it too.
+        Mistake("warmup_one_too_many", "one_f_one_b", "warmup = min(p - stage - 1, m)",
+                "warmup = min(p - stage, m)", "test_one_f_one_b",
+                r"Its warm-up is 4 forwards, too many: then stage 0 holds 5 microbatches at "
+                r"once", also_fails=("test_pp_tp_cluster",)),
+        Mistake("mlp_left_whole", "pp_tp_step",
+                "        block.ff = TPMLP(block.ff, groups.tp)  # this rank's half of each MLP\n",
+                "        pass\n", "test_pp_tp_cluster",
+                r"blocks\.0\.ff is a FeedForward, not your TPMLP: replace each Block's MLP"),
+    ),
+    end_to_end=("mlp_left_whole",),
+    hidden_at_least=4,
+    # `import copy` and the pipeline's pieces (split_gpt, PipelineStage, run_pipeline), which
+    # the answers use.
+    context=("f8f60780", "bc9ed312"),
+    marks=(pytest.mark.lab5, pytest.mark.dist),
+)
+
+# ----------------------------------------------------------------------------- the quiz
+
+QUIZ_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+CLICKED_ONLY = "q07"  # the question the "clicked_only" learner answered with a click alone
+QUIZ_CHOICE = gpulab.checks.package("quiz").CHOICE
+
+
+def solution_region(cell) -> str:
+    return cell.source.split("### BEGIN SOLUTION\n")[1].split("\n### END SOLUTION")[0]
+
+
+def picked_and_written(clicked_only: tuple[str, ...] = ()) -> nbformat.NotebookNode:
+    """The quiz's release as a learner hands it in after answering every question right: for a
+    choice, clicked in the buttons (headless here) and the line they showed written into the
+    answer cell; for a number, the solution's code. Questions in `clicked_only` were clicked,
+    and the click is recorded in the saved notebook (the buttons' output), but their line never
+    written: their answer cells still hold the stub."""
+    quiz = Lab("quiz")
+    solution, nb = quiz.solution(), quiz.released()
+    for qid in QUIZ.assignment.points:
+        cell = cell_by_grade_id(nb, f"{qid}_answer")
+        right = solution_region(cell_by_grade_id(solution, f"{qid}_answer"))
+        assert QUIZ_STUB in cell.source, f"{qid}: the release's answer cell changed"
+        if qid not in QUIZ_CHOICE:
+            cell.source = cell.source.replace(QUIZ_STUB, right)
+            continue
+        letter = re.fullmatch(rf'{qid} = "([a-d])"', right).group(1)
+        choices = cell_by_grade_id(solution, f"{qid}_choices")
+        call = ast.parse(choices.source).body[0].value  # choose("q07", {...})
+        options = ast.literal_eval(call.args[1])
+        namespace = {}
+        picker = choose(qid, options, namespace, interactive=False)
+        line = picker.pick(letter)  # what the click shows
+        assert isinstance(namespace[qid], Pick)
+        shown = cell_by_grade_id(nb, f"{qid}_choices")
+        shown.outputs = [nbformat.v4.new_output(
+            "execute_result", data={"text/plain": picker.text()}, execution_count=1)]
+        if qid not in clicked_only:
+            cell.source = cell.source.replace(QUIZ_STUB, line)
+    return nb
+
+
+def patched_grader() -> nbformat.NotebookNode:
+    """The solution with q03 answered wrong, and the function that grades picks replaced by one
+    that passes everything, where the quiz's test cells import it from."""
+    nb = Lab("quiz").solution()
+    answer = cell_by_grade_id(nb, "q03_answer")
+    answer.source = answer.source.replace(
+        'q03 = "c"', 'q03 = "a"\nimport gpulab.checks.quiz\n\ngpulab.checks.quiz.grade_pick = '
+                     'lambda *args, **kwargs: None  # every pick is right')
+    return nb
+
+
+def hand_in_quiz_learners(folder: Path) -> None:
+    quiz = Lab("quiz")
+    quiz.hand_in(folder, "picked_and_written", picked_and_written())
+    quiz.hand_in(folder, "clicked_only", picked_and_written(clicked_only=(CLICKED_ONLY,)))
+    quiz.hand_in(folder, "tampered", patched_grader())
+
+
+QUIZ = Spec(
+    "quiz",
+    mistakes=(
+        Mistake("wrong_pick", "q13_answer", 'q13 = "d"', 'q13 = "b"', "q13",
+                r'q13: "b" is not the best choice\. Lesson 04, sections 4 and 5 explains it\.'),
+        Mistake("everything_equal", "q03_answer", 'q03 = "c"',
+                'class Anything(str):\n    def __eq__(self, other):\n        return True\n\n'
+                '    __hash__ = str.__hash__\n\n\nq03 = Anything("a")', "q03",
+                r'q03: "a" is not the best choice'),
+        Mistake("seconds_not_ms", "q12_answer", ") * 1e3", ")", "q12",
+                r"q12 = 0\.01757 milliseconds is not within 1% of the answer\. It is off by a "
+                r"factor of 1e3: check that it is in milliseconds"),
+        Mistake("bubble_in_percent", "q20_answer", "q20 = schedule", "q20 = 100 * schedule",
+                "q20", r"q20 = 22\.58\d* is outside \[0, 1\], the range the question gives"),
+        Mistake("zero1_not_zero2", "q16_answer", "zero_stage=2", "zero_stage=1", "q16",
+                r"q16 = 61\.75 GB is not within 1% of the answer\."),
+        Mistake("number_as_text", "q15_answer",
+                'q15 = cost_model.busbw("all_reduce", cost_model.algbw(4e9, 0.050), 8)',
+                'q15 = "140 GB/s"', "q15",
+                r"q15 must be a number in GB/s \(such as q15 = 12\.5\), not a str"),
+    ),
+    # Independent questions: one notebook holds them all, a kernel per learner is the cost.
+    end_to_end=("wrong_pick", "everything_equal", "seconds_not_ms", "bubble_in_percent",
+                "zero1_not_zero2", "number_as_text"),
+    together="six_mistakes",
+    hidden_at_least=50,  # two lines per question
+    extra=hand_in_quiz_learners,
+    marks=(pytest.mark.quiz,),
+)
+
+# ----------------------------------------------------------------------------- the capstone
+
+CAPSTONE = Spec(
+    "capstone_distributed_gpt",
+    mistakes=(
+        Mistake("unsharded_prediction", "predict_memory", "world_size=plan.dp_size)",
+                "world_size=1)", "test_memory_plan",
+                r"predict_memory says .*the measured peak is .*more than was there"),
+        Mistake("optimizer_left_behind", "load_checkpoint",
+                '    state = {"model": model_state, "optim": optim_state}\n'
+                '    dcp.load(state, checkpoint_id=done[-1])\n'
+                '    set_state_dict(model, optimizer, model_state_dict=state["model"],\n'
+                '                   optim_state_dict=state["optim"])',
+                '    state = {"model": model_state}\n'
+                '    dcp.load(state, checkpoint_id=done[-1])\n'
+                '    set_state_dict(model, optimizer, model_state_dict=state["model"],\n'
+                '                   optim_state_dict=optim_state)',
+                "test_elastic_resume",
+                r"replayed after the resume, gave loss .*save and load the optimizer's state"),
+    ),
+    # Every part starts a 2-node cluster: both mistakes in one notebook, one kernel.
+    end_to_end=("unsharded_prediction", "optimizer_left_behind"),
+    together="two_mistakes",
+    hidden_at_least=2,
+    marks=(pytest.mark.capstone, pytest.mark.dist),
+)
+
+SPECS = (LAB1, LAB2, LAB3, LAB4, LAB5, QUIZ, CAPSTONE)
