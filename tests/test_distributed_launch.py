@@ -352,6 +352,47 @@ else:
 """
 
 
+def test_torchrun_time_limits_count_start_up_apart_from_the_run(tmp_path, monkeypatch):
+    # The clock of torchrun_script and LocalCluster, on status lines written by hand: timeout_s
+    # counts only while no rank is importing or inside init_process_group, however long that
+    # took, and a rank that starts again gives start-up its own limit again.
+    from gpulab.distributed import torchrun
+    from gpulab.distributed._torchrun_entry import RAISED_STARTING
+    from gpulab.distributed._worker import StatusBoard
+
+    now = [0.0]
+    monkeypatch.setattr(torchrun.time, "monotonic", lambda: now[0])
+    boards = [StatusBoard(tmp_path / f"rank{r}.status", create=True) for r in range(2)]
+
+    def starting():
+        return torchrun.starting_ranks(tmp_path, 3)  # rank 2 has no status file yet
+
+    clock = torchrun.RunClock(start_timeout_s=100, timeout_s=5)
+    assert starting() == [0, 1, 2] and clock.passed(starting()) is None
+    (tmp_path / "rank2.status").write_bytes(b"done|1.0|finished")
+    boards[0].set("init", "init_process_group")
+    boards[1].set("done", RAISED_STARTING)  # failed while joining: still start-up
+    now[0] = 99.0
+    assert starting() == [0, 1] and clock.passed(starting()) is None
+    now[0] = 100.5
+    assert clock.passed(starting()) == "start_timeout_s=100"
+    clock = torchrun.RunClock(start_timeout_s=100, timeout_s=5)
+    boards[0].set("run", "joined the process group")
+    boards[1].set("wait", "all_reduce")
+    assert starting() == [] and clock.passed(starting()) is None  # the run begins at 100.5
+    now[0] = 105.0
+    assert clock.passed(starting()) is None
+    boards[1].set("init", "init_process_group")  # joins a group again: start-up again
+    now[0] = 150.0
+    assert clock.passed(starting()) is None
+    boards[1].set("run")
+    assert clock.passed(starting()) is None  # the run begins again at 150
+    now[0] = 155.5
+    assert clock.passed(starting()) == "timeout_s=5"
+    for board in boards:
+        board.close()
+
+
 @pytest.mark.slow
 def test_torchrun_hang_is_cut_by_the_timeout(no_leftovers):
     with pytest.raises(LaunchTimeout) as caught:
