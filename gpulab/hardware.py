@@ -32,6 +32,9 @@ __all__ = ["DTYPES", "GPUS", "PCIE_X16_GBPS", "GPUSpec", "dtype_key", "get_gpu",
            "this_machine"]
 
 # Bytes per element in memory. tf32 is a tensor-core math mode: its operands are stored as fp32.
+# A kernel launch's fixed cost on a GPU: the host's launch call and the GPU starting the grid,
+# a few microseconds (CUDA's own figure; what a tiny kernel's time is made of).
+LAUNCH_OVERHEAD_S = 5e-6
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
 

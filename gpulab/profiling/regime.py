@@ -27,12 +27,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from gpulab import hardware
+from gpulab.hardware import LAUNCH_OVERHEAD_S
 from gpulab.timing import format_seconds
 
 # The fixed host cost of one op: Python, PyTorch's dispatcher and, on a GPU, the kernel launch.
 # Eager PyTorch runs about 100k-300k tiny ops a second on a CPU (about 1.6 us each on the
 # course's CI machine) and issues CUDA kernels at a few microseconds each.
-OP_OVERHEAD_S = {"cuda": 5e-6, "cpu": 2e-6}
+OP_OVERHEAD_S = {"cuda": LAUNCH_OVERHEAD_S, "cpu": 2e-6}
 BUSY_MIN = 0.5  # below this busy fraction the device mostly waits: overhead-bound
 SOL_MIN = 0.05  # below this fraction of the roofline the ops' math and traffic explain little
 

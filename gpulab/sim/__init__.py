@@ -6,11 +6,14 @@ checks, and pictures, built on Numba's CUDA simulator.
     trace.global_bytes_read, trace.bytes_by_array, trace.accesses  # what it moved
     trace.races, trace.barrier_errors                              # what it got wrong
     check_no_races(kernel, blocks, threads_per_block, *args)       # raises RaceError
+    model_time(count(trace).scaled(work), "H100 SXM", flops=...)    # a modeled time on a GPU
 
-trace.py records, races.py judges, draw.py draws; scheduler.py runs the threads of a block
+trace.py records, races.py judges, cost.py counts requests and models time, draw.py draws;
+scheduler.py runs the threads of a block
 one at a time so that every run is the same. Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
+from gpulab.sim.cost import Counters, ModeledTime, count, model_time
 from gpulab.sim.draw import draw_access, draw_traffic, touch_grid, traffic_table
 from gpulab.sim.races import check_no_races, explain, find_races
 from gpulab.sim.records import (
@@ -25,6 +28,8 @@ from gpulab.sim.trace import Trace, run_traced
 
 __all__ = [
     "Access",
+    "Counters",
+    "ModeledTime",
     "DivergentBarrier",
     "KernelTimeout",
     "OutOfBoundsError",
@@ -32,10 +37,12 @@ __all__ = [
     "RaceError",
     "Trace",
     "check_no_races",
+    "count",
     "draw_access",
     "draw_traffic",
     "explain",
     "find_races",
+    "model_time",
     "run_traced",
     "touch_grid",
     "traffic_table",
