@@ -1,4 +1,4 @@
-"""Expected answers fixed outside the learner's kernel (autograder/answers.py, gpulab/checks/keys.py).
+"""Expected answers fixed outside the learner's kernel (autograder/answers.py, checks/keys.py).
 
 The grader computes a lab's answers in a process of its own and writes each `answer_key("name")`
 of a test cell as the value itself before the cell reaches the kernel. Here: the rewriting on

@@ -42,7 +42,7 @@ def simulator_pace():
         sys.setswitchinterval(old)
 
 
-def _hint_for(error: Exception) -> str:
+def error_hint(error: Exception) -> str:
     if isinstance(error, IndexError):
         return ("A thread indexed past the end of an array. Guard with `if i < n` (strictly "
                 "less: the last valid index is n - 1), and in 2-D check each index against its "
@@ -68,7 +68,7 @@ def launch(kernel, name: str, blocks, threads_per_block, *args, case: str = "") 
     except Exception as error:  # the learner's code may raise anything; say what it means
         raise AssertionError(
             f"{name} ({case}, blocks={blocks}, threads_per_block={threads_per_block}) raised "
-            f"{type(error).__name__}: {error}\n{_hint_for(error)}") from error
+            f"{type(error).__name__}: {error}\n{error_hint(error)}") from error
 
 
 def check_races(kernel, name: str, blocks, threads_per_block, *args, case: str = "") -> None:
@@ -85,7 +85,7 @@ def check_races(kernel, name: str, blocks, threads_per_block, *args, case: str =
         raise AssertionError(f"{where}: {error}") from error
     except Exception as error:
         raise AssertionError(
-            f"{where} raised {type(error).__name__}: {error}\n{_hint_for(error)}") from error
+            f"{where} raised {type(error).__name__}: {error}\n{error_hint(error)}") from error
 
 
 class GuardedOutput:

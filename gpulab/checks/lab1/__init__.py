@@ -12,15 +12,30 @@ process), as a copy the kernel is never given.
     check_histogram(histogram, sizes)             Part 5  atomics
     check_waves(n_waves, tail_utilization, ...)   Part 6  waves and the tail effect
     check_*_races(kernel)                         Parts 3-5 under gpulab.sim's race detector
+    check_*_technique(kernel)                     Parts 3-5: how, not only what (the simulator's
+                                                  trace on the cpu runner, measured speed against a
+                                                  plain kernel on the gpu runner)
 
 Launch configurations are part of each part's spec (config.py); sizes and grids that differ
 between the cpu and gpu runners come from gpulab.runner.
 Taught in: lessons/02_cuda_with_numba.ipynb (Parts 1-5), lessons/01_gpu_architecture.ipynb (6)
 """
 
-from gpulab.checks.lab1.block_sum import check_block_sum, check_block_sum_races
-from gpulab.checks.lab1.histogram import check_histogram, check_histogram_races
-from gpulab.checks.lab1.matmul_tiled import check_matmul_tiled, check_matmul_tiled_races
+from gpulab.checks.lab1.block_sum import (
+    check_block_sum,
+    check_block_sum_races,
+    check_block_sum_technique,
+)
+from gpulab.checks.lab1.histogram import (
+    check_histogram,
+    check_histogram_races,
+    check_histogram_technique,
+)
+from gpulab.checks.lab1.matmul_tiled import (
+    check_matmul_tiled,
+    check_matmul_tiled_races,
+    check_matmul_tiled_technique,
+)
 from gpulab.checks.lab1.saxpy import check_saxpy
 from gpulab.checks.lab1.transpose import check_transpose
 from gpulab.checks.lab1.waves import check_waves, expected_waves
@@ -44,5 +59,6 @@ ASSIGNMENT = Assignment("lab1_cuda_kernels", (
 ANSWERS = {"waves": lambda: expected_waves(**WAVES_SETTING)}
 
 __all__ = ["ANSWERS", "ASSIGNMENT", "check_block_sum", "check_block_sum_races",
-           "check_histogram", "check_histogram_races", "check_matmul_tiled",
-           "check_matmul_tiled_races", "check_saxpy", "check_transpose", "check_waves"]
+           "check_block_sum_technique", "check_histogram", "check_histogram_races",
+           "check_histogram_technique", "check_matmul_tiled", "check_matmul_tiled_races",
+           "check_matmul_tiled_technique", "check_saxpy", "check_transpose", "check_waves"]

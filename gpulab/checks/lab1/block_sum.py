@@ -1,14 +1,19 @@
-"""Lab 1, Part 3: a shared-memory tree reduction per block (check_block_sum, check_block_sum_races).
+"""Lab 1, Part 3: a shared-memory tree reduction per block (check_block_sum, check_block_sum_races,
+and check_block_sum_technique: a tree, not one thread adding the block).
 Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda
 
+import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, check_races, launch
 from gpulab.checks.harness.owned import require_own_kernel
+from gpulab.checks.harness.technique import busiest_thread, measured_speedup, trace_kernel
 from gpulab.checks.lab1.config import (
     BLOCK_SUM_THREADS,
 )
@@ -69,3 +74,65 @@ def check_block_sum_races(kernel, n=2 * BLOCK_SUM_THREADS - 5, seed=0):
     check_races(kernel, "block_sum", blocks, BLOCK_SUM_THREADS, out, x, case=f"n={n}")
 
 
+
+
+# ----------------------------------------------------------------------------- technique
+
+GPU_SIZE, GPU_MIN_SPEEDUP = 1 << 22, 2.0  # against _serial_block_sum, where thread 0 adds all
+
+
+@cuda.jit
+def _serial_block_sum(out, x):
+    """The technique's yardstick on a GPU: thread 0 of each block adds the block's elements."""
+    if cuda.threadIdx.x == 0:
+        start = cuda.blockIdx.x * cuda.blockDim.x
+        total = 0.0
+        for i in range(start, min(start + cuda.blockDim.x, x.size)):
+            total += x[i]
+        out[cuda.blockIdx.x] = total
+
+
+def check_block_sum_technique(kernel, n=2 * BLOCK_SUM_THREADS, seed=0):
+    """A shared-memory tree: on the simulator, no thread reads more than two elements per step
+    of the log2(THREADS) steps (plus its own); on a GPU, at least GPU_MIN_SPEEDUP x as fast as
+    a block sum in which thread 0 adds every element."""
+    require_own_kernel(kernel, "block_sum")
+    tpb = BLOCK_SUM_THREADS
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    blocks = ceil_div(n, tpb)
+    if not gpulab.runner.simulator:
+        return _check_speed(kernel)
+    case = f"n={n}, {blocks} blocks of {tpb} threads"
+    trace = trace_kernel(kernel, "block_sum", blocks, tpb, np.zeros(blocks, np.float32), x,
+                         case=case)
+    steps = int(math.log2(tpb))
+    most = 2 * steps + 2  # its own element, two per step, and the block's sum at the end
+    (block, thread), reads = busiest_thread(trace, kind="read")
+    if reads > most:
+        raise AssertionError(
+            f"Halve the active threads each step: threads t < stride add cache[t + stride] into "
+            f"cache[t], so that no thread reads more than {most} elements. In block_sum "
+            f"({case}), thread {thread} of block {block} read {reads} elements, one by one: "
+            f"O(THREADS) work for one thread, where a tree takes log2({tpb}) = {steps} steps. "
+            "The values are right; this is the technique's part.")
+    if not trace.shared_bytes_read:
+        raise AssertionError(
+            f"Keep the partial sums in a cuda.shared.array: block_sum ({case}) never read "
+            "shared memory, and a tree across the block's threads goes through it. The values "
+            "are right; this is the technique's part.")
+
+
+def _check_speed(kernel) -> None:
+    tpb = BLOCK_SUM_THREADS
+    x = np.random.default_rng(0).standard_normal(GPU_SIZE).astype(np.float32)
+    blocks = ceil_div(GPU_SIZE, tpb)
+
+    def make_args():
+        return cuda.device_array(blocks, np.float32), cuda.to_device(x)
+
+    ratio = measured_speedup(kernel, _serial_block_sum, blocks, tpb, blocks, tpb, make_args)
+    if ratio < GPU_MIN_SPEEDUP:
+        raise AssertionError(
+            f"Halve the active threads each step: at n={GPU_SIZE}, block_sum is {ratio:.2f}x as "
+            f"fast as one in which thread 0 adds the whole block, and a tree is at least "
+            f"{GPU_MIN_SPEEDUP}x. The values are right; this is the technique's part.")

@@ -1,4 +1,5 @@
-"""Lab 1, Part 5: a histogram with atomics (check_histogram, check_histogram_races).
+"""Lab 1, Part 5: a histogram with atomics (check_histogram, check_histogram_races, and
+check_histogram_technique: privatized in shared memory, a few global atomics per block).
 Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
@@ -7,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, check_races, launch
 from gpulab.checks.harness.owned import require_own_kernel
+from gpulab.checks.harness.technique import atomics_per_block, measured_speedup, trace_kernel
 from gpulab.checks.lab1.config import (
     GRID,
     HISTOGRAM_BINS,
@@ -71,3 +74,58 @@ def check_histogram_races(kernel, n=100, seed=0):
                 case=f"n={n}")
 
 
+
+
+# ----------------------------------------------------------------------------- technique
+
+TECHNIQUE_SIZE = 512  # values: 8 per thread of the cpu runner's grid
+GPU_SIZE, GPU_MIN_SPEEDUP = 1 << 22, 2.0  # skewed values, against _global_histogram
+
+
+@cuda.jit
+def _global_histogram(counts, x, bin_width):
+    """The technique's yardstick on a GPU: one global atomic add per value."""
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        b = x[i] // bin_width
+        if b < counts.size:
+            cuda.atomic.add(counts, b, 1)
+
+
+def check_histogram_technique(kernel, n=TECHNIQUE_SIZE, seed=0):
+    """A privatized histogram: on the simulator, each block adds to the global counts at most
+    once per bin; on a GPU, at least GPU_MIN_SPEEDUP x as fast as one global atomic per value,
+    on values that crowd into a few bins."""
+    require_own_kernel(kernel, "histogram")
+    blocks, tpb = GRID
+    if not gpulab.runner.simulator:
+        return _check_speed(kernel, blocks, tpb)
+    x = _histogram_input(n, np.random.default_rng(seed), skewed=False)
+    case = f"n={n}, {blocks} blocks of {tpb} threads"
+    trace = trace_kernel(kernel, "histogram", blocks, tpb, np.zeros(HISTOGRAM_BINS, np.int32),
+                         x, np.int32(HISTOGRAM_WIDTH), case=case)
+    per_block = atomics_per_block(trace, "global")
+    block, most = max(per_block.items(), key=lambda item: item[1], default=(0, 0))
+    if most > HISTOGRAM_BINS:
+        raise AssertionError(
+            f"Count into a shared-memory copy of the bins (zero it, cuda.syncthreads(), "
+            f"cuda.atomic.add on the copy, cuda.syncthreads()), then add each bin to counts "
+            f"once: histogram ({case}) made {sum(per_block.values())} global atomic adds for "
+            f"{n} values, {most} of them in block {block}, where a privatized histogram makes "
+            f"at most {HISTOGRAM_BINS} per block. The values are right; this is the "
+            "technique's part.")
+
+
+def _check_speed(kernel, blocks: int, tpb: int) -> None:
+    x = _histogram_input(GPU_SIZE, np.random.default_rng(0), skewed=True)
+
+    def make_args():
+        return (cuda.to_device(np.zeros(HISTOGRAM_BINS, np.int32)), cuda.to_device(x),
+                np.int32(HISTOGRAM_WIDTH))
+
+    ratio = measured_speedup(kernel, _global_histogram, blocks, tpb, blocks, tpb, make_args)
+    if ratio < GPU_MIN_SPEEDUP:
+        raise AssertionError(
+            f"Count into a shared-memory copy of the bins, then add each bin to counts once: "
+            f"with {GPU_SIZE} values in one bin, histogram is {ratio:.2f}x as fast as one "
+            f"global atomic add per value, and a privatized one is at least "
+            f"{GPU_MIN_SPEEDUP}x. The values are right; this is the technique's part.")

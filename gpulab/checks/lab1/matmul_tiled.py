@@ -1,4 +1,5 @@
-"""Lab 1, Part 4: tiled matmul with a bias epilogue (check_matmul_tiled, check_matmul_tiled_races).
+"""Lab 1, Part 4: tiled matmul with a bias epilogue (check_matmul_tiled, check_matmul_tiled_races,
+and check_matmul_tiled_technique: the tiles come from shared memory).
 Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
@@ -7,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, check_races, launch
 from gpulab.checks.harness.owned import require_own_kernel
+from gpulab.checks.harness.technique import measured_speedup, trace_kernel
 from gpulab.checks.lab1.config import (
     TILE,
 )
@@ -76,3 +79,70 @@ def check_matmul_tiled_races(kernel, shape=(TILE + 1, TILE + 4, TILE + 2), seed=
                 case=f"a {a.shape} @ b {b.shape}")
 
 
+
+
+# ----------------------------------------------------------------------------- technique
+
+TECHNIQUE_SHAPE = (16, 24, 16)  # (M, K, N): 2 x 2 blocks, 3 tiles along K; traced in seconds
+TILED_SLACK = 1.25  # edge tiles and guards may add a little to the formula's bytes
+GPU_SHAPE, GPU_MIN_SPEEDUP = (1024, 1024, 1024), 1.3  # where tiling pays, against _plain_matmul
+
+
+def tiled_read_bytes(m: int, k: int, n: int, tile: int = TILE, itemsize: int = 4) -> dict:
+    """Global bytes a tiled matmul reads of each operand: every block loads each tile once, so
+    a is read once per column of blocks and b once per row of blocks."""
+    return {"a": m * k * ceil_div(n, tile) * itemsize, "b": k * n * ceil_div(m, tile) * itemsize}
+
+
+@cuda.jit
+def _plain_matmul(c, a, b, bias):
+    """The technique's yardstick on a GPU: one thread per element of c, operands from global."""
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        total = 0.0
+        for k in range(a.shape[1]):
+            total += a[row, k] * b[k, col]
+        c[row, col] = total + bias[col]
+
+
+def check_matmul_tiled_technique(kernel, shape=TECHNIQUE_SHAPE, seed=0):
+    """The tiles are staged in shared memory: on the simulator, global bytes read of a and b
+    within TILED_SLACK of tiled_read_bytes; on a GPU, at least GPU_MIN_SPEEDUP x as fast as a
+    plain matmul at GPU_SHAPE."""
+    require_own_kernel(kernel, "matmul_tiled")
+    if not gpulab.runner.simulator:
+        return _check_speed(kernel, seed)
+    m, k, n = shape
+    a, b, bias, blocks = _matmul_inputs(shape, np.random.default_rng(seed))
+    case = f"a ({m}, {k}) @ b ({k}, {n}), TILE={TILE}"
+    trace = trace_kernel(kernel, "matmul_tiled", blocks, (TILE, TILE),
+                         np.zeros((m, n), np.float32), a, b, bias, case=case)
+    want = tiled_read_bytes(m, k, n)
+    for name, line in (("a", "row"), ("b", "column")):
+        got = trace.bytes_read_by_array.get(name, 0)
+        if got > TILED_SLACK * want[name]:
+            raise AssertionError(
+                f"Stage each TILE x TILE tile of `{name}` in shared memory (one element per "
+                f"thread, then cuda.syncthreads()) and read it from there: matmul_tiled ({case}) "
+                f"reads {got / want[name]:.1f}x the global bytes of `{name}` that a TILE={TILE} "
+                f"tiled matmul reads ({got} B against {want[name]} B), so every thread reads a "
+                f"whole {line} of `{name}` from global memory. The values are right; this is "
+                "the technique's part.")
+
+
+def _check_speed(kernel, seed: int) -> None:
+    m, k, n = GPU_SHAPE
+    a, b, bias, blocks = _matmul_inputs(GPU_SHAPE, np.random.default_rng(seed))
+
+    def make_args():
+        return (cuda.device_array((m, n), np.float32), cuda.to_device(a), cuda.to_device(b),
+                cuda.to_device(bias))
+
+    ratio = measured_speedup(kernel, _plain_matmul, blocks, (TILE, TILE), blocks, (TILE, TILE),
+                             make_args)
+    if ratio < GPU_MIN_SPEEDUP:
+        raise AssertionError(
+            f"Stage the tiles of a and b in shared memory: at {m} x {k} x {n}, matmul_tiled is "
+            f"{ratio:.2f}x as fast as a plain matmul (every operand from global memory), and a "
+            f"tiled one is at least {GPU_MIN_SPEEDUP}x. The values are right; this is the "
+            "technique's part.")

@@ -1,0 +1,81 @@
+"""Grading how a kernel gets its answer, not only the answer: a course about speed grades the
+technique too, with part of a part's points.
+
+    trace = trace_kernel(kernel, "matmul_tiled", blocks, tpb, c, a, b, bias, case="...")
+    trace.bytes_read_by_array["a"]          # what the kernel asked global memory for
+    busiest_thread(trace, space="shared")   # ((block, thread), accesses): O(block) work shows
+    ratio = measured_speedup(kernel, naive, blocks, tpb, ref_blocks, ref_tpb, make_args)
+
+On the cpu runner the evidence is the simulator's trace (gpulab.sim), counts that do not depend
+on the machine: bytes read per array, accesses per thread, barriers, atomics. On the gpu runner
+it is measured time against the course's plain version of the kernel, in the same run: a ratio.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gpulab.checks.harness.kernels import error_hint, simulator_pace
+
+
+def trace_kernel(kernel, name: str, blocks, threads_per_block, *args, case: str = ""):
+    """gpulab.sim.run_traced on host arrays; an error is an AssertionError that names the kernel
+    and the case, as a launch's would."""
+    from gpulab.sim import run_traced  # the tracing simulator: loaded only when used
+
+    try:
+        with simulator_pace():
+            return run_traced(kernel, blocks, threads_per_block, *args)
+    except Exception as error:  # the learner's code may raise anything; say what it means
+        raise AssertionError(
+            f"{name} ({case}, blocks={blocks}, threads_per_block={threads_per_block}) raised "
+            f"{type(error).__name__}: {error}\n{error_hint(error)}") from error
+
+
+def accesses_per_thread(trace, space: str | None = None, kind: str | None = None,
+                        array: str | None = None) -> Counter:
+    """(block, thread) linear indices -> accesses it made, of `space`/`kind`/`array` if given."""
+    kinds = {"read": 0, "write": 1, "atomic": 2}
+    found = Counter()
+    for block, thread, aid, _, k, *_ in trace.records:
+        info = trace.arrays[aid]
+        if ((space is None or info.space == space) and (kind is None or kinds[kind] == k)
+                and (array is None or info.name == array)):
+            found[block, thread] += 1
+    return found
+
+
+def busiest_thread(trace, **which) -> tuple[tuple[int, int], int]:
+    """((block, thread), accesses) of the thread that made the most accesses of that kind."""
+    counts = accesses_per_thread(trace, **which)
+    return max(counts.items(), key=lambda item: item[1], default=((0, 0), 0))
+
+
+def atomics_per_block(trace, space: str = "global") -> Counter:
+    """Block linear index -> atomic updates of `space` memory it made."""
+    return Counter(block for block, _, aid, _, kind, *_ in trace.records
+                   if kind == 2 and trace.arrays[aid].space == space)
+
+
+def measured_speedup(kernel, reference, blocks, threads_per_block, ref_blocks,
+                     ref_threads_per_block, make_args, repeat: int = 20) -> float:
+    """Median time of `reference` over the learner's `kernel`, each launched on fresh device
+    arguments from make_args() and timed with CUDA events (gpu runner only)."""
+    from numba import cuda
+
+    def median_s(k, grid, block) -> float:
+        args = make_args()
+        k[grid, block](*args)  # compile and warm up
+        cuda.synchronize()
+        times = []
+        for _ in range(repeat):
+            start, end = cuda.event(), cuda.event()
+            start.record()
+            k[grid, block](*args)
+            end.record()
+            end.synchronize()
+            times.append(cuda.event_elapsed_time(start, end) / 1e3)
+        return sorted(times)[len(times) // 2]
+
+    return median_s(reference, ref_blocks, ref_threads_per_block) / median_s(
+        kernel, blocks, threads_per_block)

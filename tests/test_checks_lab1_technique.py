@@ -1,0 +1,232 @@
+"""Lab 1's technique checkers: right values computed the wrong way lose the technique's points.
+
+Each checker runs the solution's way (passes) and the ways learners skip the technique: a naive
+matmul, a matmul that stages only `a`, a block sum that thread 0 adds up alone, a tree in global
+memory, a histogram of global atomics. Each of those gets the values right (the value checker
+passes) and fails the technique checker with a message that names the technique and the number
+that shows it. On the cpu runner the evidence is the simulator's trace.
+"""
+
+import re
+
+import numpy as np
+import pytest
+from numba import cuda, float32, int32
+
+import gpulab
+from gpulab.checks.lab1 import (
+    check_block_sum,
+    check_block_sum_technique,
+    check_histogram,
+    check_histogram_technique,
+    check_matmul_tiled,
+    check_matmul_tiled_technique,
+)
+from gpulab.checks.lab1.config import BLOCK_SUM_THREADS as THREADS
+from gpulab.checks.lab1.config import HISTOGRAM_BINS as BINS
+from gpulab.checks.lab1.config import TILE
+from gpulab.checks.lab1.matmul_tiled import tiled_read_bytes
+
+pytestmark = [pytest.mark.lab1, pytest.mark.skipif(
+    not gpulab.runner.simulator, reason="the trace is the cpu runner's evidence")]
+
+
+def fails(check, kernel, match: str) -> str:
+    with pytest.raises(AssertionError) as error:
+        check(kernel)
+    assert re.search(match, str(error.value), re.S), str(error.value)
+    return str(error.value)
+
+
+# ----------------------------------------------------------------------------- matmul
+
+
+@cuda.jit
+def matmul_tiled(c, a, b, bias):
+    a_tile = cuda.shared.array((TILE, TILE), float32)
+    b_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    m, k_dim = a.shape
+    n = b.shape[1]
+    acc = float32(0.0)
+    for t in range((k_dim + TILE - 1) // TILE):
+        k = t * TILE + tx
+        a_tile[ty, tx] = a[row, k] if row < m and k < k_dim else float32(0.0)
+        k = t * TILE + ty
+        b_tile[ty, tx] = b[k, col] if k < k_dim and col < n else float32(0.0)
+        cuda.syncthreads()
+        for j in range(TILE):
+            acc += a_tile[ty, j] * b_tile[j, tx]
+        cuda.syncthreads()
+    if row < m and col < n:
+        c[row, col] = acc + bias[col]
+
+
+@cuda.jit
+def matmul_naive(c, a, b, bias):
+    col, row = cuda.grid(2)
+    if row < c.shape[0] and col < c.shape[1]:
+        acc = float32(0.0)
+        for k in range(a.shape[1]):
+            acc += a[row, k] * b[k, col]
+        c[row, col] = acc + bias[col]
+
+
+@cuda.jit
+def matmul_a_only(c, a, b, bias):
+    a_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.grid(2)
+    m, k_dim = a.shape
+    acc = float32(0.0)
+    for t in range((k_dim + TILE - 1) // TILE):
+        k = t * TILE + tx
+        a_tile[ty, tx] = a[row, k] if row < m and k < k_dim else float32(0.0)
+        cuda.syncthreads()
+        for j in range(TILE):
+            kk = t * TILE + j
+            if kk < k_dim and col < b.shape[1]:
+                acc += a_tile[ty, j] * b[kk, col]
+        cuda.syncthreads()
+    if row < m and col < b.shape[1]:
+        c[row, col] = acc + bias[col]
+
+
+def test_the_formula_counts_each_tile_once_per_block():
+    assert tiled_read_bytes(16, 24, 16, tile=8) == {"a": 16 * 24 * 2 * 4, "b": 24 * 16 * 2 * 4}
+
+
+def test_a_tiled_matmul_passes_both_checks():
+    check_matmul_tiled(matmul_tiled)
+    check_matmul_tiled_technique(matmul_tiled)
+
+
+def test_a_naive_matmul_keeps_its_values_and_loses_the_technique():
+    check_matmul_tiled(matmul_naive)  # the numbers are right
+    text = fails(check_matmul_tiled_technique, matmul_naive,
+                 r"^Stage each TILE x TILE tile of `a` in shared memory.*reads 8\.0x the global "
+                 r"bytes of `a` that a TILE=8 tiled matmul reads.*every thread reads a whole row "
+                 r"of `a` from global memory")
+    assert "The values are right" in text
+
+
+def test_staging_only_a_is_half_the_technique():
+    check_matmul_tiled(matmul_a_only)
+    fails(check_matmul_tiled_technique, matmul_a_only,
+          r"tile of `b` in shared memory.*reads 8\.0x the global bytes of `b`.*whole column of "
+          r"`b`")
+
+
+# ----------------------------------------------------------------------------- block sum
+
+
+@cuda.jit
+def block_sum_tree(out, x):
+    cache = cuda.shared.array(THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    stride = THREADS // 2
+    while stride > 0:
+        if t < stride:
+            cache[t] += cache[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_serial(out, x):
+    cache = cuda.shared.array(THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    if t == 0:
+        total = float32(0.0)
+        for j in range(THREADS):
+            total += cache[j]
+        out[cuda.blockIdx.x] = total
+
+
+@cuda.jit
+def block_sum_global_tree(out, x):
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    stride = THREADS // 2
+    while stride > 0:  # in place, in global memory: right, but every step goes to DRAM
+        if t < stride and i + stride < x.size:
+            x[i] += x[i + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = x[i]
+
+
+def test_a_tree_passes_both_checks():
+    check_block_sum(block_sum_tree)
+    check_block_sum_technique(block_sum_tree)
+
+
+def test_thread_zero_adding_the_block_loses_the_technique():
+    check_block_sum(block_sum_serial)
+    fails(check_block_sum_technique, block_sum_serial,
+          r"^Halve the active threads each step.*thread 0 of block 0 read 65 elements, one by "
+          r"one: O\(THREADS\) work for one thread, where a tree takes log2\(64\) = 6 steps")
+
+
+def test_a_tree_outside_shared_memory_loses_the_technique():
+    check_block_sum(block_sum_global_tree, sizes=[256])
+    fails(check_block_sum_technique, block_sum_global_tree,
+          r"^Keep the partial sums in a cuda.shared.array: block_sum .* never read shared memory")
+
+
+# ----------------------------------------------------------------------------- histogram
+
+
+@cuda.jit
+def histogram_global(counts, x, bin_width):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        b = x[i] // bin_width
+        if b < counts.size:
+            cuda.atomic.add(counts, b, 1)
+
+
+@cuda.jit
+def histogram_private(counts, x, bin_width):
+    local = cuda.shared.array(BINS, int32)
+    t = cuda.threadIdx.x
+    for b in range(t, BINS, cuda.blockDim.x):
+        local[b] = 0
+    cuda.syncthreads()
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        b = x[i] // bin_width
+        if b < BINS:
+            cuda.atomic.add(local, b, 1)
+    cuda.syncthreads()
+    for b in range(t, BINS, cuda.blockDim.x):
+        cuda.atomic.add(counts, b, local[b])
+
+
+def test_a_privatized_histogram_passes_both_checks():
+    check_histogram(histogram_private)
+    check_histogram_technique(histogram_private)
+
+
+def test_a_global_atomic_per_value_loses_the_technique():
+    check_histogram(histogram_global)
+    text = fails(check_histogram_technique, histogram_global,
+                 r"^Count into a shared-memory copy of the bins.*made \d+ global atomic adds for "
+                 r"512 values, \d+ of them in block \d, where a privatized histogram makes at "
+                 r"most 16 per block")
+    assert "The values are right" in text
+
+
+def test_technique_checks_never_score_a_stub():
+    @cuda.jit
+    def stub(out, x):
+        raise NotImplementedError()
+
+    with pytest.raises(AssertionError, match="raised NotImplementedError"):
+        check_block_sum_technique(stub)
+    assert np.isfinite(1.0)
