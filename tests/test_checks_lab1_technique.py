@@ -2,7 +2,8 @@
 
 Each checker runs the solution's way (passes) and the ways learners skip the technique: a naive
 matmul, a matmul that stages only `a`, a block sum that thread 0 adds up alone, a tree in global
-memory, a histogram of global atomics. Each of those gets the values right (the value checker
+memory, a histogram of global atomics, a stencil reading its taps from global memory, a scan
+that thread 0 walks. Each of those gets the values right (the value checker
 passes) and fails the technique checker with a message that names the technique and the number
 that shows it. On the cpu runner the evidence is the simulator's trace.
 """
@@ -15,17 +16,24 @@ from numba import cuda, float32, int32
 
 import gpulab
 from gpulab.checks.lab1 import (
+    check_block_scan,
+    check_block_scan_races,
+    check_block_scan_technique,
     check_block_sum,
     check_block_sum_technique,
     check_histogram,
     check_histogram_technique,
     check_matmul_tiled,
     check_matmul_tiled_technique,
+    check_stencil,
+    check_stencil_races,
+    check_stencil_technique,
 )
 from gpulab.checks.lab1.config import BLOCK_SUM_THREADS as THREADS
 from gpulab.checks.lab1.config import HISTOGRAM_BINS as BINS
-from gpulab.checks.lab1.config import TILE
+from gpulab.checks.lab1.config import RADIUS, SCAN_THREADS, STENCIL_THREADS, TILE
 from gpulab.checks.lab1.matmul_tiled import tiled_read_bytes
+from gpulab.checks.lab1.stencil import stencil_reference
 
 pytestmark = [pytest.mark.lab1, pytest.mark.skipif(
     not gpulab.runner.simulator, reason="the trace is the cpu runner's evidence")]
@@ -178,7 +186,8 @@ def test_thread_zero_adding_the_block_loses_the_technique():
 def test_a_tree_outside_shared_memory_loses_the_technique():
     check_block_sum(block_sum_global_tree, sizes=[256])
     fails(check_block_sum_technique, block_sum_global_tree,
-          r"^Keep the partial sums in a cuda.shared.array: block_sum .* never read shared memory")
+          r"^Keep the partial results in a cuda.shared.array: block_sum .* never read "
+          r"shared memory")
 
 
 # ----------------------------------------------------------------------------- histogram
@@ -230,3 +239,146 @@ def test_technique_checks_never_score_a_stub():
     with pytest.raises(AssertionError, match="raised NotImplementedError"):
         check_block_sum_technique(stub)
     assert np.isfinite(1.0)
+
+
+# ----------------------------------------------------------------------------- stencil
+
+R, ST = RADIUS, STENCIL_THREADS
+
+
+@cuda.jit
+def stencil_tiled(out, x, w):
+    tile = cuda.shared.array(ST + 2 * R, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    tile[t + R] = x[i] if i < x.size else 0.0
+    if t < R:  # the halo on the left, and on the right
+        j = i - R
+        tile[t] = x[j] if 0 <= j < x.size else 0.0
+        j = i + ST
+        tile[t + ST + R] = x[j] if j < x.size else 0.0
+    cuda.syncthreads()
+    if i < out.size:
+        total = float32(0.0)
+        for j in range(2 * R + 1):
+            total += w[j] * tile[t + j]
+        out[i] = total
+
+
+@cuda.jit
+def stencil_global(out, x, w):
+    i = cuda.grid(1)
+    if i < out.size:
+        total = float32(0.0)
+        for j in range(2 * R + 1):
+            k = i + j - R
+            if 0 <= k < x.size:
+                total += w[j] * x[k]
+        out[i] = total
+
+
+@cuda.jit
+def stencil_no_halo(out, x, w):
+    tile = cuda.shared.array(ST + 2 * R, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    tile[t + R] = x[i] if i < x.size else 0.0
+    if t < R:  # forgot to load the halo: zeros instead
+        tile[t] = 0.0
+        tile[t + ST + R] = 0.0
+    cuda.syncthreads()
+    if i < out.size:
+        total = float32(0.0)
+        for j in range(2 * R + 1):
+            total += w[j] * tile[t + j]
+        out[i] = total
+
+
+def test_a_stencil_with_its_halo_in_shared_memory_passes_all_checks():
+    check_stencil(stencil_tiled)
+    check_stencil_races(stencil_tiled)
+    check_stencil_technique(stencil_tiled)
+
+
+def test_a_stencil_reading_every_tap_from_global_keeps_its_values_and_loses_the_technique():
+    check_stencil(stencil_global)
+    fails(check_stencil_technique, stencil_global,
+          r"^Load each block's x, with a halo of RADIUS on each side, into shared memory once.*"
+          r"reads 6\.3x the global bytes of x.*\(3536 B against 560 B\).*every thread reads "
+          r"its 7 taps from global")
+
+
+def test_a_missing_halo_is_named_by_the_values_check():
+    fails(check_stencil, stencil_no_halo, r"Only outputs within RADIUS of a block's edge are "
+          r"wrong: the halo")
+
+
+def test_the_stencil_reference_is_a_zero_padded_correlation():
+    x, w = np.arange(5, dtype=np.float32), np.zeros(2 * R + 1, np.float32)
+    w[R + 1] = 1.0  # out[i] = x[i + 1]
+    assert stencil_reference(x, w).tolist() == [1, 2, 3, 4, 0]
+
+
+# ----------------------------------------------------------------------------- scan
+
+
+@cuda.jit
+def scan_hillis_steele(out, x):
+    cache = cuda.shared.array(SCAN_THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    offset = 1
+    while offset < SCAN_THREADS:
+        add = cache[t - offset] if t >= offset else float32(0.0)
+        cuda.syncthreads()  # every read of this step before any write
+        cache[t] += add
+        cuda.syncthreads()
+        offset *= 2
+    if i < out.size:
+        out[i] = cache[t]
+
+
+@cuda.jit
+def scan_serial(out, x):
+    cache = cuda.shared.array(SCAN_THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    if t == 0:
+        for j in range(1, SCAN_THREADS):
+            cache[j] += cache[j - 1]
+    cuda.syncthreads()
+    if i < out.size:
+        out[i] = cache[t]
+
+
+@cuda.jit
+def scan_exclusive(out, x):
+    cache = cuda.shared.array(SCAN_THREADS, float32)
+    i, t = cuda.grid(1), cuda.threadIdx.x
+    cache[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    offset = 1
+    while offset < SCAN_THREADS:
+        add = cache[t - offset] if t >= offset else float32(0.0)
+        cuda.syncthreads()
+        cache[t] += add
+        cuda.syncthreads()
+        offset *= 2
+    if i < out.size:
+        out[i] = cache[t] - x[i]
+
+
+def test_a_parallel_scan_passes_all_checks():
+    check_block_scan(scan_hillis_steele)
+    check_block_scan_races(scan_hillis_steele)
+    check_block_scan_technique(scan_hillis_steele)
+
+
+def test_thread_zero_walking_the_block_keeps_its_values_and_loses_the_technique():
+    check_block_scan(scan_serial)
+    fails(check_block_scan_technique, scan_serial,
+          r"^Scan in log2\(THREADS\) steps.*thread 0 of block 0 read \d+ elements, one by one")
+
+
+def test_an_exclusive_scan_is_named_by_the_values_check():
+    fails(check_block_scan, scan_exclusive, r"That is the exclusive scan")

@@ -13,6 +13,7 @@ it is measured time against the course's plain version of the kernel, in the sam
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from gpulab.checks.harness.kernels import error_hint, simulator_pace
@@ -49,6 +50,28 @@ def busiest_thread(trace, **which) -> tuple[tuple[int, int], int]:
     """((block, thread), accesses) of the thread that made the most accesses of that kind."""
     counts = accesses_per_thread(trace, **which)
     return max(counts.items(), key=lambda item: item[1], default=((0, 0), 0))
+
+
+def require_tree(trace, name: str, case: str, threads: int, reads_per_step: int,
+                 hint: str) -> None:
+    """AssertionError unless the kernel works like a tree over the block: no thread reads more
+    than reads_per_step elements per step of log2(threads) steps (plus two), and the partial
+    results go through shared memory. `hint` (what to do) leads the message."""
+    steps = max(1, int(math.log2(threads)))
+    most = reads_per_step * steps + 2
+    (block, thread), reads = busiest_thread(trace, kind="read")
+    values_right = "The values are right; this is the technique's part."
+    if reads > most:
+        raise AssertionError(
+            f"{hint}: no thread should read more than {most} elements. In {name} ({case}), "
+            f"thread {thread} of block {block} read {reads} elements, one by one: O(THREADS) "
+            f"work for one thread, where a tree takes log2({threads}) = {steps} steps. "
+            + values_right)
+    if not trace.shared_bytes_read:
+        raise AssertionError(
+            f"Keep the partial results in a cuda.shared.array: {name} ({case}) never read "
+            "shared memory, and a tree across the block's threads goes through it. "
+            + values_right)
 
 
 def atomics_per_block(trace, space: str = "global") -> Counter:

@@ -11,10 +11,12 @@ process), as a copy the kernel is never given.
     check_matmul_tiled(matmul_tiled, shapes)      Part 4  tiled matmul with a bias epilogue
     check_histogram(histogram, sizes)             Part 5  atomics
     check_waves(n_waves, tail_utilization, ...)   Part 6  waves and the tail effect
-    check_*_races(kernel)                         Parts 3-5 under gpulab.sim's race detector
-    check_*_technique(kernel)                     Parts 3-5: how, not only what (the simulator's
-                                                  trace on the cpu runner, measured speed against a
-                                                  plain kernel on the gpu runner)
+    check_stencil(stencil, sizes)                 Part 7  a 1-D convolution, halo in shared memory
+    check_block_scan(block_scan, sizes)           Part 8  a prefix sum in log2(THREADS) steps
+    check_*_races(kernel)                         Parts 3-5, 7, 8 under the race detector
+    check_*_technique(kernel)                     Parts 3-5, 7, 8: how, not only what (the
+                                                  simulator's trace on the cpu runner, measured
+                                                  speed against a plain kernel on the gpu runner)
 
 Launch configurations are part of each part's spec (config.py); sizes and grids that differ
 between the cpu and gpu runners come from gpulab.runner.
@@ -37,6 +39,16 @@ from gpulab.checks.lab1.matmul_tiled import (
     check_matmul_tiled_technique,
 )
 from gpulab.checks.lab1.saxpy import check_saxpy
+from gpulab.checks.lab1.scan import (
+    check_block_scan,
+    check_block_scan_races,
+    check_block_scan_technique,
+)
+from gpulab.checks.lab1.stencil import (
+    check_stencil,
+    check_stencil_races,
+    check_stencil_technique,
+)
 from gpulab.checks.lab1.transpose import check_transpose
 from gpulab.checks.lab1.waves import check_waves, expected_waves
 from gpulab.checks.table import Answer, Assignment, Check, part
@@ -61,4 +73,6 @@ ANSWERS = {"waves": lambda: expected_waves(**WAVES_SETTING)}
 __all__ = ["ANSWERS", "ASSIGNMENT", "check_block_sum", "check_block_sum_races",
            "check_block_sum_technique", "check_histogram", "check_histogram_races",
            "check_histogram_technique", "check_matmul_tiled", "check_matmul_tiled_races",
-           "check_matmul_tiled_technique", "check_saxpy", "check_transpose", "check_waves"]
+           "check_matmul_tiled_technique", "check_saxpy", "check_block_scan",
+           "check_block_scan_races", "check_block_scan_technique", "check_stencil",
+           "check_stencil_races", "check_stencil_technique", "check_transpose", "check_waves"]

@@ -5,15 +5,13 @@ Taught in: lessons/02_cuda_with_numba.ipynb
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda
 
 import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, check_races, launch
 from gpulab.checks.harness.owned import require_own_kernel
-from gpulab.checks.harness.technique import busiest_thread, measured_speedup, trace_kernel
+from gpulab.checks.harness.technique import measured_speedup, require_tree, trace_kernel
 from gpulab.checks.lab1.config import (
     BLOCK_SUM_THREADS,
 )
@@ -105,21 +103,9 @@ def check_block_sum_technique(kernel, n=2 * BLOCK_SUM_THREADS, seed=0):
     case = f"n={n}, {blocks} blocks of {tpb} threads"
     trace = trace_kernel(kernel, "block_sum", blocks, tpb, np.zeros(blocks, np.float32), x,
                          case=case)
-    steps = int(math.log2(tpb))
-    most = 2 * steps + 2  # its own element, two per step, and the block's sum at the end
-    (block, thread), reads = busiest_thread(trace, kind="read")
-    if reads > most:
-        raise AssertionError(
-            f"Halve the active threads each step: threads t < stride add cache[t + stride] into "
-            f"cache[t], so that no thread reads more than {most} elements. In block_sum "
-            f"({case}), thread {thread} of block {block} read {reads} elements, one by one: "
-            f"O(THREADS) work for one thread, where a tree takes log2({tpb}) = {steps} steps. "
-            "The values are right; this is the technique's part.")
-    if not trace.shared_bytes_read:
-        raise AssertionError(
-            f"Keep the partial sums in a cuda.shared.array: block_sum ({case}) never read "
-            "shared memory, and a tree across the block's threads goes through it. The values "
-            "are right; this is the technique's part.")
+    require_tree(trace, "block_sum", case, tpb, reads_per_step=2,
+                 hint="Halve the active threads each step: threads t < stride add "
+                      "cache[t + stride] into cache[t]")
 
 
 def _check_speed(kernel) -> None:

@@ -14,6 +14,8 @@ TRANSPOSE_THREADS = gpulab.runner.pick(cpu=(8, 8), gpu=(16, 16))  # (x, y) threa
 BLOCK_SUM_THREADS = 64  # the notebook's THREADS: block_sum's shared array has this many cells
 TILE = 8  # the notebook's TILE: matmul_tiled runs (TILE, TILE) blocks with TILE x TILE tiles
 HISTOGRAM_BINS, HISTOGRAM_WIDTH = 16, 4  # Part 5: counts.size and bin_width
+STENCIL_THREADS, RADIUS = 64, 3  # the stencil's block size, and its taps on each side (7 in all)
+SCAN_THREADS = 64  # block_scan's block: each block scans its 64 elements
 
 
 def first_grid_only(got, want, grid_threads: int) -> bool:

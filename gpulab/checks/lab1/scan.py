@@ -1,0 +1,125 @@
+"""Lab 1, Part 8: a block prefix sum (scan) in shared memory (check_block_scan,
+check_block_scan_races, check_block_scan_technique).
+
+block_scan(out, x): out[i] = x[b*T] + ... + x[i], the inclusive prefix sum of x within its block
+b of T = SCAN_THREADS elements (a scan of the whole array adds each block's total to the next
+blocks: a second kernel, not asked here). A parallel scan takes log2(T) steps in shared memory
+(Hillis-Steele: at step d, element t adds element t - 2**d; or Blelloch's up- and down-sweep),
+and no thread walks the block alone.
+Taught in: lessons/02_cuda_with_numba.ipynb
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+import gpulab
+from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, check_races, launch
+from gpulab.checks.harness.owned import require_own_kernel
+from gpulab.checks.harness.technique import measured_speedup, require_tree, trace_kernel
+from gpulab.checks.lab1.config import SCAN_THREADS
+from gpulab.kernels.common import ceil_div
+
+GPU_SIZE, GPU_MIN_SPEEDUP = 1 << 22, 2.0  # against _serial_block_scan
+
+
+def block_scan_reference(x: np.ndarray, threads: int = SCAN_THREADS) -> np.ndarray:
+    """Each block's inclusive prefix sums, in float64."""
+    out = np.empty(x.size, np.float64)
+    for start in range(0, x.size, threads):
+        out[start:start + threads] = np.cumsum(x[start:start + threads], dtype=np.float64)
+    return out
+
+
+def check_block_scan(kernel, sizes=(256, 1000), seed=0):
+    """block_scan(out, x) against block_scan_reference, including a partial last block."""
+    require_own_kernel(kernel, "block_scan")
+    rng = np.random.default_rng(seed)
+    tpb = SCAN_THREADS
+    for n in sizes:
+        x = rng.standard_normal(n).astype(np.float32)
+        blocks = ceil_div(n, tpb)
+        case = f"n={n}, {blocks} block(s) of {tpb} threads"
+        out = GuardedOutput((n,), np.float32, np.nan)
+        want = block_scan_reference(x)
+        launch(kernel, "block_scan", blocks, tpb, out.view, cuda.to_device(x), case=case)
+        got = out.result("block_scan", case)
+        bad = bad_indices(got, want, rtol=1e-3, atol=1e-3)
+        if bad.size == 0:
+            continue
+        i = int(bad[0, 0])
+        start = i // tpb * tpb
+        exclusive = want[i] - x[i]
+        if np.isnan(got[i]):
+            hint = "It was never written: every thread with i < n writes out[i]."
+        elif np.isclose(got[i], exclusive, rtol=1e-3, atol=1e-3):
+            hint = ("That is the exclusive scan (the sum before x[i]); this one includes x[i] "
+                    "itself.")
+        elif np.isclose(got[i], np.cumsum(x[:i + 1], dtype=np.float64)[-1], rtol=1e-3,
+                        atol=1e-3):
+            hint = "That is a scan of the whole array: each block starts again at its own start."
+        else:
+            hint = ("At each step read the value t - offset BEFORE any thread writes: read into a "
+                    "register, cuda.syncthreads(), then write, cuda.syncthreads(); offsets 1, 2, "
+                    "4, ... below THREADS.")
+        raise AssertionError(
+            f"block_scan ({case}): out[{i}] is {got[i]:.4f}, expected {want[i]:.4f} (the sum of "
+            f"x[{start}:{i + 1}]). {len(bad)} of {n} outputs are wrong. {hint}")
+
+
+def check_block_scan_races(kernel, n=2 * SCAN_THREADS - 5, seed=0):
+    """block_scan under the race detector: two blocks, the last one partial."""
+    require_own_kernel(kernel, "block_scan")
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    check_races(kernel, "block_scan", ceil_div(n, SCAN_THREADS), SCAN_THREADS,
+                np.zeros(n, np.float32), x, case=f"n={n}")
+
+
+# ----------------------------------------------------------------------------- technique
+
+
+@cuda.jit
+def _serial_block_scan(out, x):
+    """The technique's yardstick on a GPU: thread 0 of each block walks the block."""
+    if cuda.threadIdx.x == 0:
+        start = cuda.blockIdx.x * cuda.blockDim.x
+        total = 0.0
+        for i in range(start, min(start + cuda.blockDim.x, x.size)):
+            total += x[i]
+            out[i] = total
+
+
+def check_block_scan_technique(kernel, n=2 * SCAN_THREADS, seed=0):
+    """A parallel scan: on the simulator, no thread reads more than four elements per step of
+    the log2(THREADS) steps (a Blelloch sweep reads two on the way up and two on the way down);
+    on a GPU, at least GPU_MIN_SPEEDUP x as fast as thread 0 walking the block."""
+    require_own_kernel(kernel, "block_scan")
+    tpb = SCAN_THREADS
+    blocks = ceil_div(n, tpb)
+    if not gpulab.runner.simulator:
+        return _check_speed(kernel)
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    case = f"n={n}, {blocks} blocks of {tpb} threads"
+    trace = trace_kernel(kernel, "block_scan", blocks, tpb, np.zeros(n, np.float32), x,
+                         case=case)
+    require_tree(trace, "block_scan", case, tpb, reads_per_step=4,
+                 hint="Scan in log2(THREADS) steps: at step d every thread t >= 2**d adds "
+                      "the value 2**d places before it")
+
+
+def _check_speed(kernel) -> None:
+    x = np.random.default_rng(0).standard_normal(GPU_SIZE).astype(np.float32)
+    blocks = ceil_div(GPU_SIZE, SCAN_THREADS)
+
+    def make_args():
+        return cuda.device_array(GPU_SIZE, np.float32), cuda.to_device(x)
+
+    ratio = measured_speedup(kernel, _serial_block_scan, blocks, SCAN_THREADS, blocks,
+                             SCAN_THREADS, make_args)
+    if ratio < GPU_MIN_SPEEDUP:
+        raise AssertionError(
+            f"Scan in log2(THREADS) steps across the block's threads: at n={GPU_SIZE}, "
+            f"block_scan is {ratio:.2f}x as fast as thread 0 walking each block, and a parallel "
+            f"scan is at least {GPU_MIN_SPEEDUP}x. The values are right; this is the "
+            "technique's part.")

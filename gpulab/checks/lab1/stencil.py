@@ -1,0 +1,140 @@
+"""Lab 1, Part 7: a 1-D convolution (stencil) with its halo staged in shared memory
+(check_stencil, check_stencil_races, check_stencil_technique).
+
+stencil(out, x, w): out[i] = sum over j of w[j] * x[i + j - RADIUS], x read as 0 outside
+[0, n); one thread per output, blocks of STENCIL_THREADS. Each output needs 2 RADIUS + 1 inputs,
+and neighbouring outputs share all but one of them: a block loads its STENCIL_THREADS inputs
+plus a halo of RADIUS on each side into shared memory once, and every tap reads from there.
+Taught in: lessons/02_cuda_with_numba.ipynb
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+import gpulab
+from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, check_races, launch
+from gpulab.checks.harness.owned import require_own_kernel
+from gpulab.checks.harness.technique import measured_speedup, trace_kernel
+from gpulab.checks.lab1.config import RADIUS, STENCIL_THREADS
+from gpulab.kernels.common import ceil_div
+
+TAPS = 2 * RADIUS + 1
+HALO_SLACK = 1.25  # over the formula: a kernel may load a little more at the array's ends
+GPU_SIZE, GPU_MIN_SPEEDUP = 1 << 24, 1.1  # against _plain_stencil (its taps hit the L1 cache)
+
+
+def stencil_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """out[i] = sum_j w[j] * x[i + j - RADIUS], zeros outside x, in float64."""
+    padded = np.concatenate([np.zeros(RADIUS), x.astype(np.float64), np.zeros(RADIUS)])
+    return sum(w[j] * padded[j:j + x.size] for j in range(TAPS))
+
+
+def _inputs(n: int, rng):
+    return (rng.standard_normal(n).astype(np.float32),
+            rng.standard_normal(TAPS).astype(np.float32))
+
+
+def check_stencil(kernel, sizes=(256, 1000), seed=0):
+    """stencil(out, x, w) against stencil_reference, for sizes that are and are not multiples
+    of STENCIL_THREADS (the last block's halo sticks out of x)."""
+    require_own_kernel(kernel, "stencil")
+    rng = np.random.default_rng(seed)
+    tpb = STENCIL_THREADS
+    for n in sizes:
+        x, w = _inputs(n, rng)
+        blocks = ceil_div(n, tpb)
+        case = f"n={n}, {blocks} block(s) of {tpb} threads, RADIUS={RADIUS}"
+        out = GuardedOutput((n,), np.float32, np.nan)
+        want = stencil_reference(x, w)
+        launch(kernel, "stencil", blocks, tpb, out.view, cuda.to_device(x), cuda.to_device(w),
+               case=case)
+        got = out.result("stencil", case)
+        bad = bad_indices(got, want, rtol=1e-4, atol=1e-4)
+        if bad.size == 0:
+            continue
+        i = int(bad[0, 0])
+        edges = {b for b in bad[:, 0].tolist() if b % tpb < RADIUS or b % tpb >= tpb - RADIUS}
+        if np.isnan(got[i]):
+            hint = "It was never written: every thread with i < n writes out[i]."
+        elif len(edges) == len(bad):
+            hint = ("Only outputs within RADIUS of a block's edge are wrong: the halo. Threads "
+                    f"t < RADIUS also load x[i - RADIUS] into the tile's first {RADIUS} cells, "
+                    f"and threads t >= THREADS - RADIUS load x[i + RADIUS] into its last "
+                    f"{RADIUS}, 0.0 where the index is outside x.")
+        else:
+            hint = (f"Check the taps: out[i] adds w[j] * tile[t + j] for j in range({TAPS}), "
+                    "where tile[t + RADIUS] holds x[i]; cuda.syncthreads() after loading.")
+        raise AssertionError(
+            f"stencil ({case}): out[{i}] is {got[i]:.5f}, expected {want[i]:.5f}. {len(bad)} of "
+            f"{n} outputs are wrong. {hint}")
+
+
+def check_stencil_races(kernel, n=2 * STENCIL_THREADS - 5, seed=0):
+    """stencil under the race detector: two blocks, the last one partial."""
+    require_own_kernel(kernel, "stencil")
+    x, w = _inputs(n, np.random.default_rng(seed))
+    check_races(kernel, "stencil", ceil_div(n, STENCIL_THREADS), STENCIL_THREADS,
+                np.zeros(n, np.float32), x, w, case=f"n={n}")
+
+
+# ----------------------------------------------------------------------------- technique
+
+
+def halo_read_bytes(n: int, threads: int = STENCIL_THREADS, itemsize: int = 4) -> int:
+    """Global bytes of x a block-tiled stencil reads: each block its elements and the halo."""
+    return (n + 2 * RADIUS * ceil_div(n, threads)) * itemsize
+
+
+@cuda.jit
+def _plain_stencil(out, x, w):
+    """The technique's yardstick on a GPU: every tap read from global memory."""
+    i = cuda.grid(1)
+    if i < out.size:
+        total = 0.0
+        for j in range(w.size):
+            k = i + j - w.size // 2
+            if 0 <= k < x.size:
+                total += w[j] * x[k]
+        out[i] = total
+
+
+def check_stencil_technique(kernel, n=2 * STENCIL_THREADS, seed=0):
+    """The halo is staged in shared memory: on the simulator, global bytes read of x within
+    HALO_SLACK of halo_read_bytes; on a GPU, at least GPU_MIN_SPEEDUP x as fast as a stencil
+    that reads every tap from global memory."""
+    require_own_kernel(kernel, "stencil")
+    tpb = STENCIL_THREADS
+    if not gpulab.runner.simulator:
+        return _check_speed(kernel)
+    x, w = _inputs(n, np.random.default_rng(seed))
+    blocks = ceil_div(n, tpb)
+    case = f"n={n}, {blocks} blocks of {tpb} threads, RADIUS={RADIUS}"
+    trace = trace_kernel(kernel, "stencil", blocks, tpb, np.zeros(n, np.float32), x, w,
+                         case=case)
+    got, want = trace.bytes_read_by_array.get("x", 0), halo_read_bytes(n)
+    if got > HALO_SLACK * want:
+        raise AssertionError(
+            f"Load each block's x, with a halo of RADIUS on each side, into shared memory once, "
+            f"then read the taps from there: stencil ({case}) reads {got / want:.1f}x the global "
+            f"bytes of x that a stencil with its halo in shared memory reads ({got} B against "
+            f"{want} B), so every thread reads its {TAPS} taps from global memory. The values "
+            "are right; this is the technique's part.")
+
+
+def _check_speed(kernel) -> None:
+    x, w = _inputs(GPU_SIZE, np.random.default_rng(0))
+    blocks = ceil_div(GPU_SIZE, STENCIL_THREADS)
+
+    def make_args():
+        return cuda.device_array(GPU_SIZE, np.float32), cuda.to_device(x), cuda.to_device(w)
+
+    ratio = measured_speedup(kernel, _plain_stencil, blocks, STENCIL_THREADS, blocks,
+                             STENCIL_THREADS, make_args)
+    if ratio < GPU_MIN_SPEEDUP:
+        raise AssertionError(
+            f"Load each block's x and its halo into shared memory once: at n={GPU_SIZE}, "
+            f"stencil is {ratio:.2f}x as fast as one that reads every tap from global memory, "
+            f"and a tiled one is at least {GPU_MIN_SPEEDUP}x. The values are right; this is the "
+            "technique's part.")
