@@ -1,7 +1,7 @@
 """`grade --jobs 2` against `grade --jobs 1`: one batch graded both ways, each into a fresh root.
 
     full    20 Lab 1 submissions: the solution under 16 student ids, and the 4 first known
-            mistakes of tests/lab1_submissions.py (each fails one part)
+            mistakes of tests/grading_specs.py's LAB1 (each fails one part)
     quick   4 fixture-lab submissions (tests/fixtures), for a smoke test
 
     --jobs 2 / --jobs 1 speedup   wall time of the whole `grade` call (the lab generated into
@@ -36,13 +36,14 @@ FULL_BATCH, MISTAKEN = 20, 4
 def _lab1_batch(folder: Path):
     """20 Lab 1 submissions in `folder`; returns (course root, lab)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from lab1_submissions import LAB, MISTAKES, hand_in, solution, with_mistake
+    from grading_specs import LAB1
 
-    for mistake in MISTAKES[:MISTAKEN]:
-        hand_in(folder, mistake.student_id, with_mistake(mistake))
+    lab = LAB1.lab
+    for mistake in LAB1.mistakes[:MISTAKEN]:
+        lab.hand_in(folder, mistake.student_id, lab.with_mistake(mistake))
     for i in range(FULL_BATCH - MISTAKEN):
-        hand_in(folder, f"learner{i:02d}", solution())
-    return ROOT, LAB
+        lab.hand_in(folder, f"learner{i:02d}", lab.solution())
+    return ROOT, LAB1.name
 
 
 def _fixture_batch(folder: Path, scratch: Path):

@@ -1,18 +1,19 @@
 """What grading each graded notebook end to end must show: one spec per assignment, read by
 tests/test_grading.py (the batches) and by the checkers' tests (the known mistakes, in process).
 
-    LAB3.assignment.points        {"test_ring_all_reduce": 6, ...}: the lab's ASSIGNMENT table
-    LAB3.mistakes                 every known mistake: a string replacement in one answer cell
+    LAB3.assignment.points            {"test_ring_all_reduce": 6, ...}: the ASSIGNMENT table
+    LAB3.mistakes                     every known mistake: a string replacement in an answer cell
     LAB3.expect_checker_teaches(m)    its test cell, run here, fails with m's teaching message
 
 A spec holds only what is particular to its notebook; the points come from the assignment's
 table in gpulab/checks (never a copy) and the hostile cases from tests/hostile (cases_for, by
-their `lab` field). Every known mistake is run through its checker by the lab's checker tests
-(tests/test_checks_*.py, tests/test_quiz.py: one parametrized test over `mistakes`), so that
-each one loses its points in some test; a batch grades end to end only those it names in
-`end_to_end`: enough to show, through nbgrader and the sandbox, that a mistake costs exactly its
-part and that the feedback teaches it. Mistakes in distinct parts go in one notebook
-(`together`): one kernel instead of one per mistake.
+their `lab` field). Every known mistake loses its points in some test:
+  - the labs' and the quiz's, each run through its checker by the checker tests
+    (tests/test_checks_lab*.py, tests/test_quiz.py: one parametrized test over `mistakes`);
+  - those named in `end_to_end`, graded by the batch as well: enough to show, through nbgrader
+    and the sandbox, that a mistake costs exactly its part and that the feedback teaches it.
+    Mistakes in distinct parts go in one notebook (`together`), one kernel for all of them; the
+    capstone's two are graded so only (each of its checks is a cluster run, as the batch's are).
 Not a test module (no `test_` prefix).
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from hostile.cases import LAB3_ORPHAN_MARKER
 from lab_submissions import Lab, Mistake, cell_by_grade_id, run_in_process
 
 import gpulab.checks
@@ -46,7 +48,11 @@ class Spec:
     # test grade_id -> what its error says in the untouched release, where it is no stub's
     untouched_says: dict[str, str] = field(default_factory=dict)
     context: tuple[str, ...] = ()  # ids of ungraded cells the answers use (run_in_process)
+    # The checker tests that run every mistake in process; None: all are graded end to end.
+    checker_tests: str | None = None
     cli: bool = False  # graded with `python -m autograder grade`, `feedback` and `export`
+    # What the processes some submissions start on purpose carry: none may outlive grading.
+    leftover_marker: str | None = None
     extra: Callable[[Path], None] | None = None  # hands in more learners: extra(folder)
     marks: tuple = ()  # pytest marks of everything that grades this notebook
 
@@ -130,6 +136,7 @@ LAB1 = Spec(
     # Part 6's answers are still None: its checker asks for numbers.
     untouched_says={"test_waves": "should be a number"},
     cli=True,
+    checker_tests="tests/test_checks_lab1.py",
     marks=(pytest.mark.lab1,),
 )
 
@@ -168,6 +175,7 @@ LAB2 = Spec(
                 "forgotten_optimizer_state"),
     together="four_mistakes",
     hidden_at_least=8,
+    checker_tests="tests/test_checks_lab2.py",
     marks=(pytest.mark.lab2,),
 )
 
@@ -200,8 +208,13 @@ LAB3 = Spec(
                 r"Every epoch went through the data in the same order: call "
                 r"sampler\.set_epoch\(epoch\)"),
     ),
-    end_to_end=("undivided",),
+    # Three wrappers broken at once: each part fails at its first launch, the ring is left
+    # right. Cheaper than any one of them alone, whose notebook runs three parts in full.
+    end_to_end=("undivided", "no_overlap", "same_order_every_epoch"),
+    together="three_mistakes",
     hidden_at_least=5,
+    leftover_marker=LAB3_ORPHAN_MARKER,  # the hostile bank's lab3_orphans ring
+    checker_tests="tests/test_checks_lab3.py",
     marks=(pytest.mark.lab3, pytest.mark.dist),
 )
 
@@ -234,6 +247,7 @@ LAB4 = Spec(
     # The OOM scenario and its measured step (Part A1's answers read `measured`), and the slow
     # pipeline's imports (fast_train calls example_order; the wrong one calls slow_train).
     context=("806356e7", "8f9c99fa", "8c95df90"),
+    checker_tests="tests/test_checks_lab4.py",
     marks=(pytest.mark.lab4,),
 )
 
@@ -257,6 +271,7 @@ LAB5 = Spec(
     # `import copy` and the pipeline's pieces (split_gpt, PipelineStage, run_pipeline), which
     # the answers use.
     context=("f8f60780", "bc9ed312"),
+    checker_tests="tests/test_checks_lab5.py",
     marks=(pytest.mark.lab5, pytest.mark.dist),
 )
 
@@ -347,6 +362,7 @@ QUIZ = Spec(
     together="six_mistakes",
     hidden_at_least=50,  # two lines per question
     extra=hand_in_quiz_learners,
+    checker_tests="tests/test_quiz.py",
     marks=(pytest.mark.quiz,),
 )
 

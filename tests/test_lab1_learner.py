@@ -9,7 +9,7 @@ checker; the kernel runs in a folder of its own, as a learner's copy of the note
 import os
 
 import pytest
-from lab1_submissions import cell_by_grade_id, grade_id, released
+from lab_submissions import Lab, cell_by_grade_id, grade_id
 from nbclient import NotebookClient
 
 from autograder.profiles import get_profile
@@ -27,7 +27,7 @@ STILL_STUBS = ("test_transpose", "test_block_sum", "test_matmul_tiled", "test_hi
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    nb = released()
+    nb = Lab("lab1_cuda_kernels").released()
     saxpy = cell_by_grade_id(nb, "saxpy")
     assert saxpy.source.count(STUB) == 1, "the released saxpy stub changed"
     saxpy.source = saxpy.source.replace(STUB, MY_SAXPY)
