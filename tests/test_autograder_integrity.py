@@ -1,7 +1,8 @@
 """Tampering with the test machinery earns nothing, and hidden tests never reach a learner.
 
-The bank's integrity cases (tests/hostile/cases.py) are graded in two batches, the fixture lab
-and Lab 1, one sandboxed kernel per submission; each case's outcome is asserted. The quick tests
+The bank's integrity cases for the fixture lab (tests/hostile/cases.py) are graded here, one
+sandboxed kernel per submission, and each case's outcome is asserted; the bank's cases for the
+course's notebooks are graded in those notebooks' batches (tests/test_grading.py). The quick tests
 below them pin the pieces: what the guard answers, how cells are planned, how checkers treat a
 learner's object that claims to equal anything.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from hostile import FIXTURE_HIDDEN, INTEGRITY, LAB1, LAB2, check_outcome, hand_in_all
+from hostile import FIXTURE_HIDDEN, INTEGRITY, check_outcome, hand_in_all
 from lab1_submissions import ROOT, page_text
 
 from autograder.cells import Plan
@@ -43,40 +44,10 @@ def fixture_batch(tmp_path_factory):
     return course, {result.student_id: result for result in results}
 
 
-@pytest.fixture(scope="module")
-def lab1_batch(tmp_path_factory):
-    grading = tmp_path_factory.mktemp("lab1-grading")
-    subs = hand_in_all(grading.parent / f"{grading.name}-subs", LAB1)
-    results = grade(Course.at(ROOT, grading), "lab1_cuda_kernels", subs, progress=False)
-    return {result.student_id: result for result in results}
-
-
-@pytest.fixture(scope="module")
-def lab2_batch(tmp_path_factory):
-    grading = tmp_path_factory.mktemp("lab2-grading")
-    subs = hand_in_all(grading.parent / f"{grading.name}-subs", LAB2)
-    results = grade(Course.at(ROOT, grading), "lab2_amp_training", subs, progress=False, jobs=2)
-    return {result.student_id: result for result in results}
-
-
-@pytest.mark.slow
-@pytest.mark.lab2
-@pytest.mark.parametrize("case", LAB2, ids=lambda case: case.student_id)
-def test_lab2_outcome(lab2_batch, case):
-    check_outcome(case, lab2_batch[case.student_id])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", INTEGRITY, ids=lambda case: case.student_id)
 def test_fixture_lab_outcome(fixture_batch, case):
     check_outcome(case, fixture_batch[1][case.student_id])
-
-
-@pytest.mark.slow
-@pytest.mark.lab1
-@pytest.mark.parametrize("case", LAB1, ids=lambda case: case.student_id)
-def test_lab1_outcome(lab1_batch, case):
-    check_outcome(case, lab1_batch[case.student_id])
 
 
 @pytest.mark.slow
