@@ -12,7 +12,8 @@ its part and its feedback teaches it, no hidden test reaches a feedback page, gr
 nothing into the repository, each hostile case ends as the bank says. What is particular to a
 notebook follows at the end: Lab 1 through the CLI (grade, feedback, export), Lab 3's rings
 that leave processes behind or never return, the quiz's buttons and answers, the capstone's
-written answer. Every known mistake also fails its checker in the checkers' own tests.
+written answer. Every known mistake of the labs and the quiz also fails its checker in the
+checkers' own tests (tests/grading_specs.py says which).
 """
 
 from __future__ import annotations
