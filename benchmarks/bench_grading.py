@@ -13,7 +13,8 @@
                                            grader and no hidden tests: what the pipeline adds
 
 On the gpu runner the same figures are reported without the 60 s target, which is set for
-the simulator; the grading kernel always runs the runner this machine has.
+the simulator; the grading kernel always runs the runner this machine has. --quick grades the
+solution once, nothing else.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def run(quick: bool) -> list[Row]:
         course = Course.at(ROOT, tmp / "grading")
         sources = {"solution": ROOT / "solutions" / LAB / NOTEBOOK,
                    "release": ROOT / "labs" / LAB / NOTEBOOK}
+        if quick:  # a smoke test: the solution once
+            del sources["release"]
         medians = {}
         for name, source in sources.items():
             reps = repeat if name == "solution" else max(1, repeat // 2)

@@ -50,7 +50,6 @@ class Spec:
     context: tuple[str, ...] = ()  # ids of ungraded cells the answers use (run_in_process)
     # The checker tests that run every mistake in process; None: all are graded end to end.
     checker_tests: str | None = None
-    cli: bool = False  # graded with `python -m autograder grade`, `feedback` and `export`
     # What the processes some submissions start on purpose carry: none may outlive grading.
     leftover_marker: str | None = None
     extra: Callable[[Path], None] | None = None  # hands in more learners: extra(folder)
@@ -135,7 +134,6 @@ LAB1 = Spec(
     stub_hint="Replace `raise NotImplementedError()` with your kernel's code.",
     # Part 6's answers are still None: its checker asks for numbers.
     untouched_says={"test_waves": "should be a number"},
-    cli=True,
     checker_tests="tests/test_checks_lab1.py",
     marks=(pytest.mark.lab1,),
 )

@@ -1,28 +1,32 @@
-"""Every graded notebook graded end to end, as an instructor grades it: autograder's grade (cpu
-profile, sandboxed kernels, two at a time) and feedback, with the repository's own solution and
-release, for the five labs, the quiz and the capstone (tests/grading_specs.py: one spec each).
+"""Every graded notebook graded end to end, as an instructor grades it: `python -m autograder
+grade` (cpu profile, sandboxed kernels, two at a time), `feedback` and `export`, with the
+repository's own solution and release, for the five labs, the quiz and the capstone
+(tests/grading_specs.py: one spec each).
 
 One batch per notebook, graded once and shared by its tests: the solution, the untouched
 release, the spec's end-to-end mistakes (one notebook holding those in distinct parts), the
 hostile bank's cases for that notebook (tests/hostile, selected by their `lab` field, so a case
 added to the bank is graded here without more code), and the notebook's own learners (the
-quiz's). Each check is written once, for every notebook: the points of its ASSIGNMENT table,
-full marks for the solution, zero with the stub hint for the release, a mistake costs exactly
-its part and its feedback teaches it, no hidden test reaches a feedback page, grading writes
-nothing into the repository, each hostile case ends as the bank says. What is particular to a
-notebook follows at the end: Lab 1 through the CLI (grade, feedback, export), Lab 3's rings
-that leave processes behind or never return, the quiz's buttons and answers, the capstone's
-written answer. Every known mistake of the labs and the quiz also fails its checker in the
-checkers' own tests (tests/grading_specs.py says which).
+quiz's). Each notebook's tests are one xdist group (tests/conftest.py), so `make test` grades
+the batches on both workers, the longest first.
+
+Each check is written once, for every notebook: the points of its ASSIGNMENT table, full marks
+for the solution, zero with the stub hint for the release, a mistake costs exactly its part and
+its feedback teaches it, no hidden test reaches a feedback page, grading writes nothing into
+the repository, the CLI's lines and export, each hostile case ends as the bank says. What is
+particular to a notebook follows at the end: Lab 3's rings that leave processes behind or never
+return, the quiz's buttons and answers, the capstone's written answer. Every known mistake of
+the labs and the quiz also fails its checker in the checkers' own tests (tests/grading_specs.py
+says which).
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
-import io
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +35,6 @@ import pytest
 from grading_specs import (
     CAPSTONE,
     CLICKED_ONLY,
-    LAB1,
     LAB3,
     QUIZ,
     QUIZ_CHOICE,
@@ -45,28 +48,35 @@ from hostile import cases_for, check_outcome, hand_in_all
 from lab_submissions import ROOT, cell_by_grade_id, error_of, grade_id, page_text, points_of, read
 
 from autograder import gradebook
-from autograder.cli import main as autograder_cli
 from autograder.course import Course
-from autograder.feedback import generate_feedback
 from autograder.grade import grade
-from autograder.profiles import get_profile
 
-JOBS = 2  # kernels at once: the grading kernels wait on processes, files and ranks
+JOBS = 2  # kernels at once in one notebook's batch (`grade --jobs 2`)
+CLI_TIMEOUT_S = 3600  # a whole batch; the grader's own limits stop a stuck kernel long before
 GRADES = pytest.mark.slow  # each notebook's batch is minutes on a 2-core machine
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the CLI did with one notebook's batch, as an instructor runs it."""
+
+    submissions: Path  # one folder per learner
+    grading: Path  # the grading root (--course-dir)
+    out: str  # what `grade` printed
+    grades_csv: tuple  # the rows `export` wrote
+    changed: list  # files of the repository's solutions/<lab> and labs/<lab> that changed
+    left_behind: list  # command lines of processes of the batch still alive after grading
 
 
 @dataclass(frozen=True)
 class Graded:
     """One notebook's batch, graded."""
 
+    run: Run
     results: dict  # student -> the grader's GradeResult
     scores: dict  # student -> {grade_id: points, None for a cell a person grades}
     tests: dict  # student -> {grade_id: the autograded test cell}
     feedback: dict  # student -> (the HTML page, its text as a reader sees it)
-    changed: list  # files of the repository's solutions/<lab> and labs/<lab> grading changed
-    left_behind: list  # command lines of processes of the batch still alive after grading
-    out: str = ""  # what the CLI printed (Lab 1)
-    grades_csv: tuple = ()  # the CLI's export (Lab 1)
 
 
 def digest(*folders: Path) -> dict:
@@ -84,18 +94,22 @@ def alive_with(marker: str) -> list[str]:
     return found
 
 
-def cli(argv) -> tuple[int, str]:
-    """Run `python -m autograder ARGV` in this process: (exit status, stdout then stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = autograder_cli([str(a) for a in argv])
-    return code, out.getvalue() + err.getvalue()
+def cli(*args) -> tuple[int, str]:
+    """`python -m autograder ARGS`, as an instructor runs it: (exit status, what it printed)."""
+    done = subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    return done.returncode, done.stdout + done.stderr
 
 
 def is_the_solution(case) -> bool:
     """A case that hands in the lab's own solution unchanged ("nothing: the lab's own
     solution"): the batch's "solution" is that notebook, graded once for both."""
     return case.base == "solution" and not (case.code or case.answers or case.edit or case.raw)
+
+
+def expected_errors(spec: Spec) -> set[str]:
+    """The learners of the batch who get no grade, by the bank's word (an unreadable file)."""
+    return {case.student_id for case in cases_for(spec.name) if case.error}
 
 
 def hand_in(spec: Spec, folder: Path) -> None:
@@ -109,67 +123,74 @@ def hand_in(spec: Spec, folder: Path) -> None:
         spec.extra(folder)
 
 
-def grade_batch(spec: Spec, tmp: Path) -> Graded:
+def run_batch(spec: Spec, tmp: Path) -> Run:
+    """Hand in the batch and grade it with the CLI, as the README tells instructors: grade,
+    feedback and export."""
     subs, grading = tmp / "submissions", tmp / "grading"
     hand_in(spec, subs)
     marker = spec.leftover_marker
     assert marker is None or not alive_with(marker), "processes of an earlier run are alive"
     repo = ROOT / "solutions" / spec.name, ROOT / "labs" / spec.name
     before = digest(*repo)
-
-    out, grades_csv = "", ()
-    if spec.cli:  # as the README tells instructors
-        where = ["--root", ROOT, "--course-dir", grading]
-        code, out = cli(["grade", spec.name, subs, *where, "--jobs", JOBS])
-        feedback_code, feedback_out = cli(["feedback", spec.name, *where])
-        export_code, export_out = cli(["export", *where, "--output", tmp / "grades.csv"])
-        assert (code, feedback_code, export_code) == (0, 0, 0), out + feedback_out + export_out
-        records = [gradebook.recorded(grading, spec.name, f.name) for f in sorted(subs.iterdir())]
-        results = [record.grade_result(grading) for record in records if record is not None]
-        grades_csv = tuple(csv.DictReader((tmp / "grades.csv").open()))
-    else:
-        course = Course.at(ROOT, grading)
-        results = grade(course, spec.name, subs, get_profile("cpu"), progress=False, jobs=JOBS)
-        generate_feedback(course, spec.name)
+    where = ["--root", ROOT, "--course-dir", grading]
+    code, out = cli("grade", spec.name, subs, *where, "--jobs", JOBS)
     left_behind = alive_with(marker) if marker else []
-    after = digest(*repo)
+    assert code == (1 if expected_errors(spec) else 0), out
+    feedback_code, feedback_out = cli("feedback", spec.name, *where)
+    export_code, export_out = cli("export", *where, "--output", tmp / "grades.csv")
+    assert (feedback_code, export_code) == (0, 0), feedback_out + export_out
+    changed = sorted(set(before.items()) ^ set(digest(*repo).items()))
+    return Run(subs, grading, out, tuple(csv.DictReader((tmp / "grades.csv").open())),
+               [path for path, _ in changed], left_behind)
+
+
+def collect(spec: Spec, run: Run) -> Graded:
+    """The batch's results, autograded notebooks and feedback pages, read back from the
+    grading root. A learner the CLI gave no grade (an unreadable notebook) is graded again
+    here, so that the bank's expectation is checked on the whole result."""
+    students = sorted(folder.name for folder in run.submissions.iterdir())
+    results = {}
+    for student in students:
+        record = gradebook.recorded(run.grading, spec.name, student)
+        if record is not None:
+            results[student] = record.grade_result(run.grading)
+    missing = [student for student in students if student not in results]
+    if missing:
+        course = Course.at(ROOT, run.grading)
+        results.update({r.student_id: r for r in grade(course, spec.name, run.submissions,
+                                                       students=missing, progress=False)})
     print(f"{spec.short}: seconds per submission:",
-          {r.student_id: round(r.seconds) for r in results})
-    expected_errors = {case.student_id for case in cases_for(spec.name) if case.error}
-    errors = {r.student_id: r.error for r in results
-              if not r.ok and r.student_id not in expected_errors}
+          {student: round(r.seconds) for student, r in results.items()})
+    errors = {s: r.error for s, r in results.items() if not r.ok and s not in expected_errors(spec)}
     assert not errors, f"the grader failed on: {errors}"
 
     graded_cells = {**spec.assignment.points, **spec.manual}
     scores, tests, feedback = {}, {}, {}
-    for result in results:
+    for student, result in results.items():
         if not result.ok:
             continue
-        scores[result.student_id] = {c.grade_id: c.auto_score for c in result.scores}
+        scores[student] = {c.grade_id: c.auto_score for c in result.scores}
         nb = read(Path(result.autograded) / spec.lab.notebook)
-        tests[result.student_id] = {grade_id(c): c for c in nb.cells
-                                    if grade_id(c) in graded_cells}
-        page = (grading / "feedback" / result.student_id / spec.name
-                / f"{spec.name}.html").read_text()
-        feedback[result.student_id] = (page, page_text(page))
-    changed = sorted(set(before.items()) ^ set(after.items()))
-    by_student = {r.student_id: r for r in results}
-    by_student.update({case.student_id: by_student["solution"]
-                       for case in cases_for(spec.name) if is_the_solution(case)})
-    return Graded(by_student, scores, tests, feedback,
-                  [path for path, _ in changed], left_behind, out, grades_csv)
+        tests[student] = {grade_id(c): c for c in nb.cells if grade_id(c) in graded_cells}
+        page = (run.grading / "feedback" / student / spec.name / f"{spec.name}.html").read_text()
+        feedback[student] = (page, page_text(page))
+    results.update({case.student_id: results["solution"]
+                    for case in cases_for(spec.name) if is_the_solution(case)})
+    return Graded(run, results, scores, tests, feedback)
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """graded(spec): that notebook's batch, graded the first time a test asks for it."""
+    """graded(spec): that notebook's batch, graded the first time a test asks for it (once:
+    a notebook's tests run on one worker)."""
     done: dict[str, Graded | BaseException] = {}
 
     def batch(spec: Spec) -> Graded:
         if spec.name not in done:
-            try:
-                done[spec.name] = grade_batch(spec, tmp_path_factory.mktemp(spec.short))
-            except Exception as error:  # each test of this notebook fails with it, not again
+            try:  # each test of this notebook fails with the batch's error, not again
+                run = run_batch(spec, tmp_path_factory.mktemp(spec.short))
+                done[spec.name] = collect(spec, run)
+            except Exception as error:
                 done[spec.name] = error
         if isinstance(done[spec.name], BaseException):
             raise done[spec.name]
@@ -329,7 +350,7 @@ def test_no_feedback_page_shows_a_hidden_test(spec, graded):
 @GRADES
 @pytest.mark.parametrize("spec", params(SPECS))
 def test_grading_writes_nothing_into_the_repository(spec, graded):
-    assert not graded(spec).changed, "grading wrote into the repository's lab"
+    assert not graded(spec).run.changed, "grading wrote into the repository's lab"
 
 
 # ----------------------------------------------------------------------------- hostile cases
@@ -345,21 +366,30 @@ def test_a_hostile_case_ends_as_the_bank_says(spec, case, graded):
     check_outcome(case, graded(spec).results[case.student_id])
 
 
-# ----------------------------------------------------------------------------- Lab 1: the CLI
+# ----------------------------------------------------------------------------- the CLI
 
 
 @GRADES
-@pytest.mark.parametrize("spec", params([LAB1]))
+@pytest.mark.parametrize("spec", params(SPECS))
 def test_the_cli_prints_each_grade_and_exports_the_totals(spec, graded):
+    """`grade` prints a line per learner (an error only for those the bank says get no grade)
+    and `export` a row per graded learner: the autograded score out of the notebook's total,
+    whether a person still has to grade a cell, and the result's flags."""
     batch = graded(spec)
-    total = spec.assignment.total
-    assert re.search(rf"(?m)^solution\s+{total:g} / {total:g}\b", batch.out), batch.out
-    assert "ERROR" not in batch.out
-    totals = {row["student_id"]: (float(row["score"]), float(row["max_score"]))
-              for row in batch.grades_csv}
-    assert totals == {student: (sum(cells.values()), total)
-                      for student, cells in batch.scores.items()}
-    assert {row["lab"] for row in batch.grades_csv} == {spec.name}
+    autograded, total = sum(spec.assignment.points.values()), spec.assignment.total
+    assert re.search(rf"(?m)^solution\s+{autograded:g} / {total:g}\b", batch.run.out)
+    failed = set(re.findall(r"(?m)^(\S+)\s+ERROR\b", batch.run.out))
+    assert failed == expected_errors(spec), batch.run.out
+    rows = {row["student_id"]: row for row in batch.run.grades_csv}
+    assert set(rows) == set(batch.scores)
+    assert {row["lab"] for row in rows.values()} == {spec.name}
+    for student, cells in batch.scores.items():
+        row, result = rows[student], batch.results[student]
+        assert float(row["score"]) == sum(p for p in cells.values() if p is not None), student
+        assert float(row["max_score"]) == total, student
+        assert row["needs_manual_grade"] == ("yes" if result.needs_manual_grade else "no")
+        assert row["flags"] == ";".join(result.flags), student
+    assert rows["solution"]["needs_manual_grade"] == ("yes" if spec.manual else "no")
 
 
 # ----------------------------------------------------------------------------- Lab 3: ranks
@@ -371,7 +401,7 @@ def test_no_process_a_ring_started_outlives_grading(spec, graded):
     batch = graded(spec)
     error = error_of(batch.tests["lab3_orphans"]["test_ring_all_reduce"])
     assert "the tensor passed in is unchanged" in error.evalue, "the ring did not get to return"
-    assert not batch.left_behind, f"left behind: {batch.left_behind[:3]}"
+    assert not batch.run.left_behind, f"left behind: {batch.run.left_behind[:3]}"
 
 
 @GRADES
@@ -384,6 +414,7 @@ def test_a_ring_that_never_returns_is_stopped_and_explained(spec, graded):
 # ----------------------------------------------------------------------------- the quiz
 
 
+@pytest.mark.quiz
 def test_the_quiz_table_names_its_choice_questions_and_its_total():
     intro = QUIZ.lab.solution().cells[0].source
     table = re.findall(r"^\| (q\d\d) \| \d\d \| .* \| (choice|number) \| \d \|$", intro, re.M)
@@ -392,6 +423,7 @@ def test_the_quiz_table_names_its_choice_questions_and_its_total():
     assert f"{QUIZ.assignment.total:g} points in all" in intro
 
 
+@pytest.mark.quiz
 def test_the_quiz_learner_differs_from_the_release_only_in_answer_cells():
     release, learner = QUIZ.lab.released(), picked_and_written()
     changed = [grade_id(a) for a, b in zip(release.cells, learner.cells, strict=True)
@@ -400,61 +432,61 @@ def test_the_quiz_learner_differs_from_the_release_only_in_answer_cells():
 
 
 @GRADES
-@pytest.mark.quiz
-def test_answers_picked_with_the_buttons_and_written_down_get_full_marks(graded):
+@pytest.mark.parametrize("spec", params([QUIZ]))
+def test_answers_picked_with_the_buttons_and_written_down_get_full_marks(spec, graded):
     """nbgrader runs the saved notebook again in a fresh kernel: what counts is the line the
     buttons showed, written into the answer cell."""
-    batch = graded(QUIZ)
-    assert batch.scores["picked_and_written"] == full_scores(QUIZ)
+    batch = graded(spec)
+    assert batch.scores["picked_and_written"] == full_scores(spec)
     assert not batch.results["picked_and_written"].flags
 
 
 @GRADES
-@pytest.mark.quiz
-def test_a_click_alone_does_not_survive_grading_and_costs_that_question_only(graded):
-    batch = graded(QUIZ)
-    assert batch.scores["clicked_only"] == full_scores(QUIZ, {CLICKED_ONLY})
+@pytest.mark.parametrize("spec", params([QUIZ]))
+def test_a_click_alone_does_not_survive_grading_and_costs_that_question_only(spec, graded):
+    batch = graded(spec)
+    assert batch.scores["clicked_only"] == full_scores(spec, {CLICKED_ONLY})
     error = error_of(batch.tests["clicked_only"][CLICKED_ONLY])
     assert error.ename == "AssertionError"
-    assert f"{CLICKED_ONLY} is still None" in error.evalue and QUIZ.stub_hint in error.evalue
+    assert f"{CLICKED_ONLY} is still None" in error.evalue and spec.stub_hint in error.evalue
 
 
 @GRADES
-@pytest.mark.quiz
-def test_patching_the_grader_earns_nothing_and_is_flagged(graded):
-    batch = graded(QUIZ)
+@pytest.mark.parametrize("spec", params([QUIZ]))
+def test_patching_the_grader_earns_nothing_and_is_flagged(spec, graded):
+    batch = graded(spec)
     result = batch.results["tampered"]
     assert batch.scores["tampered"]["q03"] == 0.0
     assert any("gpulab.checks.quiz.grade_pick" in flag for flag in result.flags), result.flags
-    assert all(batch.scores["tampered"][q] == QUIZ.assignment.points[q] for q in ("q01", "q02"))
+    assert all(batch.scores["tampered"][q] == spec.assignment.points[q] for q in ("q01", "q02"))
 
 
 @GRADES
-@pytest.mark.quiz
-def test_the_quiz_feedback_gives_no_answer_away(graded):
+@pytest.mark.parametrize("spec", params([QUIZ]))
+def test_the_quiz_feedback_gives_no_answer_away(spec, graded):
     """A learner's page shows the answers they wrote, never one they did not: the untouched
     release's page has none of the solution's answer lines, and a wrong pick's message names
     the pick, not the answer."""
-    batch = graded(QUIZ)
-    solution = QUIZ.lab.solution()
+    batch = graded(spec)
+    solution = spec.lab.solution()
     answers = [solution_region(cell_by_grade_id(solution, f"{q}_answer"))
-               for q in QUIZ.assignment.points]
+               for q in spec.assignment.points]
     _, untouched = batch.feedback["untouched"]
     shown = [line for line in answers if line in untouched]
     assert not shown, shown
-    wrong = error_of(batch.tests[QUIZ.together]["q13"]).evalue
+    wrong = error_of(batch.tests[spec.together]["q13"]).evalue
     assert '"d"' not in wrong
-    _, page = batch.feedback[QUIZ.together]
+    _, page = batch.feedback[spec.together]
     assert "grade_pick" not in page and "grade_number" not in page
 
 
 @GRADES
-@pytest.mark.quiz
-def test_the_grader_saw_the_buttons_run_headless(graded):
+@pytest.mark.parametrize("spec", params([QUIZ]))
+def test_the_grader_saw_the_buttons_run_headless(spec, graded):
     """The buttons' cells ran in the grading kernel (widgets with no frontend) and stored
     nothing: the test after each reads the answer cell's plain letter."""
-    batch = graded(QUIZ)
-    nb = read(Path(batch.results["picked_and_written"].autograded) / QUIZ.lab.notebook)
+    batch = graded(spec)
+    nb = read(Path(batch.results["picked_and_written"].autograded) / spec.lab.notebook)
     for qid in QUIZ_CHOICE:
         cell = cell_by_grade_id(nb, f"{qid}_choices")
         (out,) = [o for o in cell.outputs if o.output_type == "execute_result"]
