@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="runner profile: kernel environment and time limits (default cpu)",
     )
     grade.add_argument(
+        "--cell-timeout",
+        type=positive_int,
+        metavar="S",
+        help="stop a cell after S seconds instead of the profile's limit (cpu 180, gpu 60): "
+        "more on a shared or busy runner, where a heavy cell can take several times as long",
+    )
+    grade.add_argument(
         "--student",
         action="append",
         dest="students",
@@ -185,6 +192,8 @@ def _grade(course: Course, args) -> int:
     profile = get_profile(args.runner)
     if args.no_sandbox:
         profile = replace(profile, sandboxed=False)
+    if args.cell_timeout:
+        profile = replace(profile, cell_timeout_s=args.cell_timeout)
     for weakness in confinement().weaknesses(profile.sandbox_settings()):
         print(f"WARNING, weaker sandbox: {weakness}", file=sys.stderr)
     try:

@@ -274,6 +274,21 @@ def test_no_sandbox_asks_for_it_and_warns(tmp_path, monkeypatch, capsys):
     assert "WARNING, weaker sandbox: sandbox off (--no-sandbox)" in capsys.readouterr().err
 
 
+def test_cell_timeout_replaces_the_profiles_limit_and_nothing_else(tmp_path, monkeypatch):
+    import autograder.grade
+
+    asked = []
+    monkeypatch.setattr(autograder.grade, "grade", lambda *a, **k: asked.append(a[3]) or [])
+    assert main(["grade", LAB, str(tmp_path), "--root", str(tmp_path)]) == 0
+    assert main(["grade", LAB, str(tmp_path), "--root", str(tmp_path), "--cell-timeout",
+                 "600"]) == 0
+    default, longer = asked
+    assert (default.cell_timeout_s, longer.cell_timeout_s) == (180, 600)
+    assert replace(longer, cell_timeout_s=180) == default
+    with pytest.raises(SystemExit):  # argparse: a limit must be a positive whole number
+        main(["grade", LAB, str(tmp_path), "--cell-timeout", "0"])
+
+
 @slow
 def test_without_bubblewrap_the_kernel_still_gets_its_limits_and_a_clean_environment(
     monkeypatch, tmp_path

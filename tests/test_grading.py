@@ -1,7 +1,7 @@
 """Every graded notebook graded end to end, as an instructor grades it: `python -m autograder
-grade` (cpu profile, sandboxed kernels, two at a time), `feedback` and `export`, with the
-repository's own solution and release, for the five labs, the quiz and the capstone
-(tests/grading_specs.py: one spec each).
+grade` (cpu profile with a busy runner's cell limit, sandboxed kernels, two at a time),
+`feedback` and `export`, with the repository's own solution and release, for the five labs, the
+quiz and the capstone (tests/grading_specs.py: one spec each).
 
 One batch per notebook, graded once and shared by its tests: the solution, the untouched
 release, the spec's end-to-end mistakes (one notebook holding those in distinct parts), the
@@ -52,6 +52,9 @@ from autograder.course import Course
 from autograder.grade import grade
 
 JOBS = 2  # kernels at once in one notebook's batch (`grade --jobs 2`)
+# Two batches grade at once on a 2-core machine, four kernels each starting ranks: a cell that
+# takes a minute alone (the capstone's run) can take four. A shared runner's setting.
+CELL_TIMEOUT_S = 600
 CLI_TIMEOUT_S = 3600  # a whole batch; the grader's own limits stop a stuck kernel long before
 GRADES = pytest.mark.slow  # each notebook's batch is minutes on a 2-core machine
 
@@ -133,7 +136,8 @@ def run_batch(spec: Spec, tmp: Path) -> Run:
     repo = ROOT / "solutions" / spec.name, ROOT / "labs" / spec.name
     before = digest(*repo)
     where = ["--root", ROOT, "--course-dir", grading]
-    code, out = cli("grade", spec.name, subs, *where, "--jobs", JOBS)
+    code, out = cli("grade", spec.name, subs, *where, "--jobs", JOBS, "--cell-timeout",
+                    CELL_TIMEOUT_S)
     left_behind = alive_with(marker) if marker else []
     assert code == (1 if expected_errors(spec) else 0), out
     feedback_code, feedback_out = cli("feedback", spec.name, *where)
