@@ -208,12 +208,17 @@ class MeasuredRoofline:
         return value
 
 
+MATMUL_BUDGET_S = 0.25  # measure_roofline: no larger matmul once one takes this long
+
+
 def measure_roofline(device: str = "cpu", dtypes=("fp32",), copy_mb: int | None = None,
                      matmul_n: int | None = None) -> MeasuredRoofline:
     """Measure this machine's ceilings with torch: the bandwidth of a large copy, and the best
-    FLOP/s of square matmuls of size matmul_n, /2, /4 and /8 (the largest is not always the
-    fastest: caches, and other programs, get in the way). Best of a few runs each, after
-    warm-up. The default sizes take about a second on a laptop CPU."""
+    FLOP/s of square matmuls of size matmul_n/8, /4, /2 and matmul_n (the largest is not always
+    the fastest: caches, and other programs, get in the way). Best of a few runs each, after
+    warm-up. The sizes stop growing once one matmul takes over MATMUL_BUDGET_S: a CPU without
+    bf16 instructions runs bf16 matmuls at well under 1 GFLOP/s, a minute for one of 2048. The
+    default sizes take a few seconds on a laptop CPU."""
     import torch
 
     from gpulab.timing import benchmark
@@ -232,10 +237,12 @@ def measure_roofline(device: str = "cpu", dtypes=("fp32",), copy_mb: int | None 
     peaks = {}
     for key in sorted(keys):
         peaks[key] = 0.0
-        for n in {max(matmul_n // d, 1) for d in (1, 2, 4, 8)}:
+        for n in sorted({max(matmul_n // d, 1) for d in (8, 4, 2, 1)}):
             a = torch.randn(n, n, device=device).to(torch_dtypes[key])
             t = benchmark(torch.matmul, a, a, warmup=1, repeat=2, cuda=on_gpu)
             peaks[key] = max(peaks[key], 2 * n**3 / t.min_s / 1e12)
+            if t.min_s > MATMUL_BUDGET_S:  # the next size would take 8 times as long
+                break
     name = torch.cuda.get_device_name() if on_gpu else "this CPU"
     return MeasuredRoofline(name=f"{name} (measured)", device=device,
                             bandwidth_gbps=bandwidth_gbps, fp32=peaks["fp32"],

@@ -238,6 +238,29 @@ def test_measure_roofline_on_cpu():
         m.peak_tflops("tf32")
 
 
+def test_measure_roofline_stops_growing_a_matmul_that_is_already_slow(monkeypatch):
+    """bf16 on a CPU without bf16 instructions: 0.3 GFLOP/s, a minute for one n=2048 matmul.
+    Once a size takes longer than the budget, the larger ones are not run."""
+    import gpulab.timing
+
+    real, sizes = gpulab.timing.benchmark, []
+
+    def slow_bf16(fn, *args, **kwargs):
+        if fn is torch.matmul:
+            a = args[0]
+            sizes.append((str(a.dtype), a.shape[0]))
+            if a.dtype == torch.bfloat16:  # 0.3 GFLOP/s, as measured on such a CPU
+                t = 2 * a.shape[0] ** 3 / 0.3e9
+                return gpulab.timing.Timing(median_s=t, min_s=t, max_s=t, repeat=1, device="cpu")
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(gpulab.timing, "benchmark", slow_bf16)
+    m = hw.measure_roofline("cpu", dtypes=("fp32", "bf16"), copy_mb=4, matmul_n=2048)
+    assert [n for dtype, n in sizes if dtype == "torch.bfloat16"] == [256, 512]  # 0.11 s, 0.9 s
+    assert m.bf16 == pytest.approx(0.3e-3)
+    assert [n for dtype, n in sizes if dtype == "torch.float32"][0] == 256  # smallest first
+
+
 def test_measure_roofline_rejects_dtypes_it_cannot_measure():
     with pytest.raises(ValueError, match="fp32 and bf16"):
         hw.measure_roofline("cpu", dtypes=("fp8",), copy_mb=1, matmul_n=8)
