@@ -62,14 +62,14 @@ lab: install
 	  --LabApp.default_url=/lab/tree/lessons $(ALLOW_ROOT) $(JUPYTER_ARGS)
 
 # Unit and end-to-end tests, and every lesson re-executed against its committed outputs.
-# --dist loadgroup with the groups of tests/conftest.py: a file per worker, as nbval needs (a
-# notebook's cells share a kernel), but each notebook's grading batch a group of its own, the
-# longest first, so both workers grade.
+# --dist loadfile: a file's tests on one worker, as nbval needs (a notebook's cells share a
+# kernel); each notebook's grading batch is a file of its own, and tests/conftest.py sends the
+# longest files first (--no-loadscope-reorder keeps that order).
 # Its wall time goes to benchmarks/results/make-test.json, which `make bench` reports (target:
 # under 20 minutes on a 2-core machine).
 test: install grader-tools
 	@start=$$(date +%s); \
-	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder tests lessons \
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests lessons \
 	  $(NBVAL) --nbval-sanitize-with lessons/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS); \
 	status=$$?; mkdir -p benchmarks/results; \
 	printf '{"seconds": %s, "exit": %s, "cores": %s, "commit": "%s", "args": "%s", "date": "%s"}\n' \

@@ -2,9 +2,9 @@
 
 The bank's integrity cases for the fixture lab (tests/hostile/cases.py) are graded here, one
 sandboxed kernel per submission, and each case's outcome is asserted; the bank's cases for the
-course's notebooks are graded in those notebooks' batches (tests/test_grading.py). The quick tests
-below them pin the pieces: what the guard answers, how cells are planned, how checkers treat a
-learner's object that claims to equal anything.
+course's notebooks are graded in those notebooks' batches (tests/test_grading_<notebook>.py).
+The quick tests below them pin the pieces: what the guard answers, how cells are planned, how
+checkers treat a learner's object that claims to equal anything.
 """
 
 import ast

@@ -1,6 +1,6 @@
 """The capstone's checkers against known-wrong learner code (tests/capstone_code.py). Each
 cluster launch costs 10-40 s, so the right answers are graded once, end to end, in
-tests/test_grading.py, whose known mistakes (tests/grading_specs.py: CAPSTONE, both in one
+tests/test_grading_capstone.py, whose known mistakes (tests/grading_specs.py: CAPSTONE, both in one
 notebook) test the memory and resume checkers; here the training checker meets a mistake on the
 cluster, and every checker its cheap refusals."""
 

@@ -460,7 +460,7 @@ def test_the_checkers_never_run_fp16_on_the_cpu():
 
 @pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
 def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
-    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    """Each mistake that tests/grading_specs.py knows (tests/grading_checks.py grades some end to
     end): the solution with that mistake, run here up to its test cell, fails there, visible
     and hidden tests included, with the teaching message."""
     SPEC.expect_checker_teaches(mistake)

@@ -366,7 +366,7 @@ def test_a_wrong_training_loop_fails_with_its_message(name):
 
 @pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
 def test_a_known_mistake_fails_its_test_cell_with_its_message(monkeypatch, mistake):
-    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    """Each mistake that tests/grading_specs.py knows (tests/grading_checks.py grades some end to
     end): the solution with that mistake, run here up to its test cell, fails there, visible
     and hidden tests included, with the teaching message. The ring that deadlocks is cut as in
     quick_timeouts; the wrappers keep the lab's limit: they are slow, not stuck."""

@@ -275,7 +275,7 @@ def one_f_one_b_stage(p, m, stage):
 @pytest.mark.dist
 @pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
 def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
-    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    """Each mistake that tests/grading_specs.py knows (tests/grading_checks.py grades some end to
     end): the solution with that mistake, run here up to its test cell, fails there, visible
     and hidden tests included, with the teaching message. Part 4's test starts a 2-node
     cluster."""

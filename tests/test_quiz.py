@@ -1,7 +1,7 @@
 """gpulab.quiz, headless: the multiple-choice buttons (with and without ipywidgets), the checks the
 quiz's test cells call, and the quiz notebook itself run in this process (no kernel): the
 solution passes every test, the release fails each with the stub's hint and shows no answer.
-Grading end to end, through nbgrader, is in tests/test_grading.py.
+Grading end to end, through nbgrader, is in tests/test_grading_quiz.py.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def test_every_choice_question_offers_the_letters_its_test_accepts():
 
 @pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
 def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
-    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    """Each mistake that tests/grading_specs.py knows (tests/grading_checks.py grades some end to
     end): the solution with that mistake, run here up to its test cell, fails there, visible
     and hidden tests included, with the teaching message."""
     SPEC.expect_checker_teaches(mistake)

@@ -76,9 +76,9 @@ EXERCISED = {
     "make lint": "test_lint_is_clean",
     # The instructors' commands, run end to end by the autograder and lab grading tests.
     "python -m autograder release": "tests/test_autograder_release.py",
-    "python -m autograder grade": "tests/test_grading.py, tests/test_autograder_parallel.py",
-    "python -m autograder feedback": "tests/test_grading.py",
-    "python -m autograder export": "tests/test_grading.py, tests/test_autograder_shards.py",
+    "python -m autograder grade": "tests/grading_checks.py, tests/test_autograder_parallel.py",
+    "python -m autograder feedback": "tests/grading_checks.py",
+    "python -m autograder export": "tests/grading_checks.py, tests/test_autograder_shards.py",
     "python -m autograder merge": "tests/test_autograder_shards.py",
 }
 AUTOGRADER = "python -m autograder "

@@ -8,8 +8,9 @@
 
 The fixture lab (tests/fixtures/solutions/lab0_fixture) takes most cases, the course's graded
 notebooks a few. The fixture's are graded by tests/test_autograder_integrity.py and
-tests/test_autograder_robustness.py; each graded notebook's by tests/test_grading.py, in that
-notebook's batch (cases_for), so a case added to any list is graded there without more code.
+tests/test_autograder_robustness.py; each graded notebook's by its
+tests/test_grading_<notebook>.py, in that notebook's batch (cases_for), so a case added to any
+list is graded there without more code.
 """
 
 from hostile import cases as _bank

@@ -1,22 +1,24 @@
-"""Every graded notebook graded end to end, as an instructor grades it: `python -m autograder
-grade` (cpu profile with a busy runner's cell limit, sandboxed kernels, two at a time),
-`feedback` and `export`, with the repository's own solution and release, for the five labs, the
-quiz and the capstone (tests/grading_specs.py: one spec each).
+"""The checks every graded notebook's end-to-end grading must pass, written once: each
+tests/test_grading_<notebook>.py imports them and names its spec (`SPEC = LAB3`), so that each
+notebook's batch is a test module of its own, which `make test`'s workers share (--dist
+loadfile). A notebook is graded as an instructor grades it: `python -m autograder grade` (cpu
+profile with a busy runner's cell limit, sandboxed kernels, two at a time), `feedback` and
+`export`, with the repository's own solution and release (tests/grading_specs.py: one spec
+each). Not a test module itself (no `test_` prefix).
 
 One batch per notebook, graded once and shared by its tests: the solution, the untouched
 release, the spec's end-to-end mistakes (one notebook holding those in distinct parts), the
 hostile bank's cases for that notebook (tests/hostile, selected by their `lab` field, so a case
 added to the bank is graded here without more code), and the notebook's own learners (the
-quiz's). Each notebook's tests are one xdist group (tests/conftest.py), so `make test` grades
-the batches on both workers, the longest first.
+quiz's), graded once per module and shared by its tests.
 
 Each check is written once, for every notebook: the points of its ASSIGNMENT table, full marks
 for the solution, zero with the stub hint for the release, a mistake costs exactly its part and
 its feedback teaches it, no hidden test reaches a feedback page, grading writes nothing into
 the repository, the CLI's lines and export, each hostile case ends as the bank says. What is
-particular to a notebook follows at the end: Lab 3's rings that leave processes behind or never
-return, the quiz's buttons and answers, the capstone's written answer. Every known mistake of
-the labs and the quiz also fails its checker in the checkers' own tests (tests/grading_specs.py
+particular to a notebook is in its own module: Lab 3's rings that leave processes behind or
+never return, the quiz's buttons and answers, the capstone's written answer. Every known mistake
+of the labs and the quiz also fails its checker in the checkers' own tests (tests/grading_specs.py
 says which).
 """
 
@@ -32,18 +34,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from grading_specs import (
-    CAPSTONE,
-    CLICKED_ONLY,
-    LAB3,
-    QUIZ,
-    QUIZ_CHOICE,
-    SPECS,
-    Spec,
-    params,
-    picked_and_written,
-    solution_region,
-)
+from grading_specs import SPECS, Spec
 from hostile import cases_for, check_outcome, hand_in_all
 from lab_submissions import ROOT, cell_by_grade_id, error_of, grade_id, page_text, points_of, read
 
@@ -185,8 +176,8 @@ def collect(spec: Spec, run: Run) -> Graded:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """graded(spec): that notebook's batch, graded the first time a test asks for it (once:
-    a notebook's tests run on one worker)."""
+    """graded(spec): that notebook's batch, graded the first time a test asks for it: once, as a
+    notebook's tests are one module."""
     done: dict[str, Graded | BaseException] = {}
 
     def batch(spec: Spec) -> Graded:
@@ -209,25 +200,45 @@ def full_scores(spec: Spec, failing=()) -> dict:
             **spec.manual}
 
 
-def mistaken(specs=SPECS) -> list:
-    """(spec, learner, the mistakes in their notebook) for every end-to-end mistake."""
-    return [pytest.param(spec, student, mistakes, marks=spec.marks, id=f"{spec.short}-{student}")
-            for spec in specs for student, mistakes in spec.graded_mistakes().items()]
+@pytest.fixture(scope="module")
+def spec(request) -> Spec:
+    """The notebook of the module that imported these checks: its `SPEC`."""
+    return request.module.SPEC
 
 
-def each_mistake(specs=SPECS, graded_only=False) -> list:
-    return [pytest.param(spec, student, mistake, marks=spec.marks,
-                         id=f"{spec.short}-{mistake.student_id}")
-            for spec in specs
-            for student, mistakes in (spec.graded_mistakes().items() if graded_only
-                                      else ((m.student_id, (m,)) for m in spec.mistakes))
-            for mistake in mistakes]
+def pytest_generate_tests(metafunc):
+    """The parameters of the module's spec: every known mistake (`known`), the learners of the
+    end-to-end batch with their mistakes (`mistakes`, or each `mistake` with its learner), and
+    the hostile bank's cases for the notebook (`case`)."""
+    spec = getattr(metafunc.module, "SPEC", None)
+    names = metafunc.fixturenames
+    if spec is None:
+        return
+    if "known" in names:
+        metafunc.parametrize("known", spec.mistakes, ids=lambda m: m.student_id)
+    if "mistakes" in names:
+        graded_mistakes = spec.graded_mistakes()
+        metafunc.parametrize(("student", "mistakes"), list(graded_mistakes.items()),
+                             ids=list(graded_mistakes))
+    if "mistake" in names:
+        pairs = [(student, m) for student, ms in spec.graded_mistakes().items() for m in ms]
+        metafunc.parametrize(("student", "mistake"), pairs,
+                             ids=[m.student_id for _, m in pairs])
+    if "case" in names:
+        metafunc.parametrize("case", cases_for(spec.name), ids=lambda case: case.student_id)
+
+
+def test_every_graded_notebook_has_its_grading_module(spec):
+    """Each spec of grading_specs has its tests/test_grading_<short>.py, which names it."""
+    assert spec in SPECS
+    for each in SPECS:
+        module = Path(__file__).parent / f"test_grading_{each.short}.py"
+        assert f"\nSPEC = {each.short.upper()}\n" in module.read_text(), module
 
 
 # ----------------------------------------------------------------------------- the notebooks
 
 
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_the_notebook_states_its_points_in_its_test_cells_and_its_table(spec):
     """The solution's and the release's test cells carry the ASSIGNMENT table's points, the cells
     a person grades carry theirs, and the introduction's table of parts lists them in order."""
@@ -245,15 +256,13 @@ def test_the_notebook_states_its_points_in_its_test_cells_and_its_table(spec):
                                        *(p for _, p in assignment.manual)]
 
 
-@pytest.mark.parametrize(("spec", "student", "mistake"), each_mistake())
-def test_every_mistake_breaks_one_answer_cell_of_the_current_solution(spec, student, mistake):
+def test_every_mistake_breaks_one_answer_cell_of_the_current_solution(spec, known):
     """Its text is found in the solution (with_mistake raises when not) and it changes exactly
     one answer cell; the test cells it fails are the notebook's."""
-    assert len(spec.lab.cells_changed_by(mistake)) == 1
-    assert {mistake.test, *mistake.also_fails} <= set(spec.assignment.points)
+    assert len(spec.lab.cells_changed_by(known)) == 1
+    assert {known.test, *known.also_fails} <= set(spec.assignment.points)
 
 
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_every_known_mistake_loses_its_points_in_some_test(spec):
     """Each is run through its checker by the checker tests that the spec names (one test over
     all of SPEC.mistakes there), or, where it names none, graded here end to end."""
@@ -266,11 +275,12 @@ def test_every_known_mistake_loses_its_points_in_some_test(spec):
     assert "SPEC.expect_checker_teaches(mistake)" in source
 
 
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_mistakes_handed_in_together_are_in_distinct_parts(spec):
     """So that each one's score and message are its own, and at least one part is left right
     to show that the others cost nothing more."""
     assert len({m.student_id for m in spec.mistakes}) == len(spec.mistakes)
+    handed_in = [m.student_id for ms in spec.graded_mistakes().values() for m in ms]
+    assert sorted(handed_in) == sorted(spec.end_to_end), "each end-to-end mistake once"
     for mistakes in spec.graded_mistakes().values():
         failing = [t for m in mistakes for t in (m.test, *m.also_fails)]
         assert len(set(failing)) == len(failing), failing
@@ -282,7 +292,6 @@ def test_mistakes_handed_in_together_are_in_distinct_parts(spec):
 
 
 @GRADES
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_the_solution_gets_full_marks(spec, graded):
     batch = graded(spec)
     assert batch.scores["solution"] == full_scores(spec)
@@ -291,7 +300,6 @@ def test_the_solution_gets_full_marks(spec, graded):
 
 
 @GRADES
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_the_untouched_release_gets_zero_and_says_what_to_replace(spec, graded):
     batch = graded(spec)
     # A cell a person grades gets nbgrader's 0 when its answer is left as released.
@@ -309,7 +317,6 @@ def test_the_untouched_release_gets_zero_and_says_what_to_replace(spec, graded):
 
 
 @GRADES
-@pytest.mark.parametrize(("spec", "student", "mistakes"), mistaken())
 def test_mistakes_cost_exactly_the_points_of_their_parts(spec, student, mistakes, graded):
     """Each mistake costs its test's points (and those of tests that run the same code) and
     nothing else, failing with the checker's teaching message."""
@@ -326,7 +333,6 @@ def test_mistakes_cost_exactly_the_points_of_their_parts(spec, student, mistakes
 
 
 @GRADES
-@pytest.mark.parametrize(("spec", "student", "mistake"), each_mistake(graded_only=True))
 def test_feedback_teaches_the_mistake(spec, student, mistake, graded):
     batch = graded(spec)
     _, text = batch.feedback[student]
@@ -339,7 +345,6 @@ def test_feedback_teaches_the_mistake(spec, student, mistake, graded):
 
 
 @GRADES
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_no_feedback_page_shows_a_hidden_test(spec, graded):
     batch = graded(spec)
     hidden = spec.lab.hidden_test_lines()
@@ -352,7 +357,6 @@ def test_no_feedback_page_shows_a_hidden_test(spec, graded):
 
 
 @GRADES
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_grading_writes_nothing_into_the_repository(spec, graded):
     assert not graded(spec).run.changed, "grading wrote into the repository's lab"
 
@@ -360,12 +364,7 @@ def test_grading_writes_nothing_into_the_repository(spec, graded):
 # ----------------------------------------------------------------------------- hostile cases
 
 
-HOSTILE = [pytest.param(spec, case, marks=spec.marks, id=f"{spec.short}-{case.student_id}")
-           for spec in SPECS for case in cases_for(spec.name)]
-
-
 @GRADES
-@pytest.mark.parametrize(("spec", "case"), HOSTILE)
 def test_a_hostile_case_ends_as_the_bank_says(spec, case, graded):
     check_outcome(case, graded(spec).results[case.student_id])
 
@@ -374,7 +373,6 @@ def test_a_hostile_case_ends_as_the_bank_says(spec, case, graded):
 
 
 @GRADES
-@pytest.mark.parametrize("spec", params(SPECS))
 def test_the_cli_prints_each_grade_and_exports_the_totals(spec, graded):
     """`grade` prints a line per learner (an error only for those the bank says get no grade)
     and `export` a row per graded learner: the autograded score out of the notebook's total,
@@ -396,116 +394,7 @@ def test_the_cli_prints_each_grade_and_exports_the_totals(spec, graded):
     assert rows["solution"]["needs_manual_grade"] == ("yes" if spec.manual else "no")
 
 
-# ----------------------------------------------------------------------------- Lab 3: ranks
-
-
-@GRADES
-@pytest.mark.parametrize("spec", params([LAB3]))
-def test_no_process_a_ring_started_outlives_grading(spec, graded):
-    batch = graded(spec)
-    error = error_of(batch.tests["lab3_orphans"]["test_ring_all_reduce"])
-    assert "the tensor passed in is unchanged" in error.evalue, "the ring did not get to return"
-    assert not batch.run.left_behind, f"left behind: {batch.run.left_behind[:3]}"
-
-
-@GRADES
-@pytest.mark.parametrize("spec", params([LAB3]))
-def test_a_ring_that_never_returns_is_stopped_and_explained(spec, graded):
-    error = error_of(graded(spec).tests["lab3_stubborn"]["test_ring_all_reduce"])
-    assert re.search(r"did not finish within 20 s, and every rank was stopped", error.evalue)
-
-
-# ----------------------------------------------------------------------------- the quiz
-
-
-@pytest.mark.quiz
-def test_the_quiz_table_names_its_choice_questions_and_its_total():
-    intro = QUIZ.lab.solution().cells[0].source
-    table = re.findall(r"^\| (q\d\d) \| \d\d \| .* \| (choice|number) \| \d \|$", intro, re.M)
-    assert [q for q, _ in table] == list(QUIZ.assignment.points)
-    assert [q for q, kind in table if kind == "choice"] == list(QUIZ_CHOICE)
-    assert f"{QUIZ.assignment.total:g} points in all" in intro
-
-
-@pytest.mark.quiz
-def test_the_quiz_learner_differs_from_the_release_only_in_answer_cells():
-    release, learner = QUIZ.lab.released(), picked_and_written()
-    changed = [grade_id(a) for a, b in zip(release.cells, learner.cells, strict=True)
-               if a.source != b.source]
-    assert changed == [f"{q}_answer" for q in QUIZ.assignment.points]
-
-
-@GRADES
-@pytest.mark.parametrize("spec", params([QUIZ]))
-def test_answers_picked_with_the_buttons_and_written_down_get_full_marks(spec, graded):
-    """nbgrader runs the saved notebook again in a fresh kernel: what counts is the line the
-    buttons showed, written into the answer cell."""
-    batch = graded(spec)
-    assert batch.scores["picked_and_written"] == full_scores(spec)
-    assert not batch.results["picked_and_written"].flags
-
-
-@GRADES
-@pytest.mark.parametrize("spec", params([QUIZ]))
-def test_a_click_alone_does_not_survive_grading_and_costs_that_question_only(spec, graded):
-    batch = graded(spec)
-    assert batch.scores["clicked_only"] == full_scores(spec, {CLICKED_ONLY})
-    error = error_of(batch.tests["clicked_only"][CLICKED_ONLY])
-    assert error.ename == "AssertionError"
-    assert f"{CLICKED_ONLY} is still None" in error.evalue and spec.stub_hint in error.evalue
-
-
-@GRADES
-@pytest.mark.parametrize("spec", params([QUIZ]))
-def test_patching_the_grader_earns_nothing_and_is_flagged(spec, graded):
-    batch = graded(spec)
-    result = batch.results["tampered"]
-    assert batch.scores["tampered"]["q03"] == 0.0
-    assert any("gpulab.checks.quiz.grade_pick" in flag for flag in result.flags), result.flags
-    assert all(batch.scores["tampered"][q] == spec.assignment.points[q] for q in ("q01", "q02"))
-
-
-@GRADES
-@pytest.mark.parametrize("spec", params([QUIZ]))
-def test_the_quiz_feedback_gives_no_answer_away(spec, graded):
-    """A learner's page shows the answers they wrote, never one they did not: the untouched
-    release's page has none of the solution's answer lines, and a wrong pick's message names
-    the pick, not the answer."""
-    batch = graded(spec)
-    solution = spec.lab.solution()
-    answers = [solution_region(cell_by_grade_id(solution, f"{q}_answer"))
-               for q in spec.assignment.points]
-    _, untouched = batch.feedback["untouched"]
-    shown = [line for line in answers if line in untouched]
-    assert not shown, shown
-    wrong = error_of(batch.tests[spec.together]["q13"]).evalue
-    assert '"d"' not in wrong
-    _, page = batch.feedback[spec.together]
-    assert "grade_pick" not in page and "grade_number" not in page
-
-
-@GRADES
-@pytest.mark.parametrize("spec", params([QUIZ]))
-def test_the_grader_saw_the_buttons_run_headless(spec, graded):
-    """The buttons' cells ran in the grading kernel (widgets with no frontend) and stored
-    nothing: the test after each reads the answer cell's plain letter."""
-    batch = graded(spec)
-    nb = read(Path(batch.results["picked_and_written"].autograded) / spec.lab.notebook)
-    for qid in QUIZ_CHOICE:
-        cell = cell_by_grade_id(nb, f"{qid}_choices")
-        (out,) = [o for o in cell.outputs if o.output_type == "execute_result"]
-        assert "Click a choice" in out.data["text/plain"], qid
-
-
-# ----------------------------------------------------------------------------- the capstone
-
-
-@pytest.mark.capstone
-def test_the_capstone_release_holds_no_rubric_and_asks_for_an_answer():
-    (written, _), = CAPSTONE.assignment.manual
-    released = cell_by_grade_id(CAPSTONE.lab.released(), written)
-    solution = cell_by_grade_id(CAPSTONE.lab.solution(), written)
-    assert solution.cell_type == "markdown"
-    assert "Rubric" in solution.source and "Rubric" not in released.source
-    assert "YOUR ANSWER HERE" in released.source
-
+# What `from grading_checks import *` gives each notebook's module: the checks, their fixtures
+# and the hook that parametrizes them by the module's SPEC.
+__all__ = sorted(name for name in dir() if name.startswith("test_")) + [
+    "graded", "pytest_generate_tests", "spec"]

@@ -1,0 +1,86 @@
+"""The quiz graded end to end: the checks of tests/grading_checks.py on its batch, and what is
+particular to it: answers picked with buttons and written down, a click alone, a patched
+grader, and feedback that gives no answer away."""
+
+import re
+from pathlib import Path
+
+from grading_checks import *  # noqa: F403  the checks every graded notebook passes
+from grading_checks import GRADES, full_scores
+from grading_specs import CLICKED_ONLY, QUIZ, QUIZ_CHOICE, picked_and_written, solution_region
+from lab_submissions import cell_by_grade_id, error_of, grade_id, read
+
+SPEC = QUIZ
+pytestmark = list(SPEC.marks)
+
+
+def test_the_quiz_table_names_its_choice_questions_and_its_total():
+    intro = QUIZ.lab.solution().cells[0].source
+    table = re.findall(r"^\| (q\d\d) \| \d\d \| .* \| (choice|number) \| \d \|$", intro, re.M)
+    assert [q for q, _ in table] == list(QUIZ.assignment.points)
+    assert [q for q, kind in table if kind == "choice"] == list(QUIZ_CHOICE)
+    assert f"{QUIZ.assignment.total:g} points in all" in intro
+
+
+def test_the_quiz_learner_differs_from_the_release_only_in_answer_cells():
+    release, learner = QUIZ.lab.released(), picked_and_written()
+    changed = [grade_id(a) for a, b in zip(release.cells, learner.cells, strict=True)
+               if a.source != b.source]
+    assert changed == [f"{q}_answer" for q in QUIZ.assignment.points]
+
+
+@GRADES
+def test_answers_picked_with_the_buttons_and_written_down_get_full_marks(spec, graded):
+    """nbgrader runs the saved notebook again in a fresh kernel: what counts is the line the
+    buttons showed, written into the answer cell."""
+    batch = graded(spec)
+    assert batch.scores["picked_and_written"] == full_scores(spec)
+    assert not batch.results["picked_and_written"].flags
+
+
+@GRADES
+def test_a_click_alone_does_not_survive_grading_and_costs_that_question_only(spec, graded):
+    batch = graded(spec)
+    assert batch.scores["clicked_only"] == full_scores(spec, {CLICKED_ONLY})
+    error = error_of(batch.tests["clicked_only"][CLICKED_ONLY])
+    assert error.ename == "AssertionError"
+    assert f"{CLICKED_ONLY} is still None" in error.evalue and spec.stub_hint in error.evalue
+
+
+@GRADES
+def test_patching_the_grader_earns_nothing_and_is_flagged(spec, graded):
+    batch = graded(spec)
+    result = batch.results["tampered"]
+    assert batch.scores["tampered"]["q03"] == 0.0
+    assert any("gpulab.checks.quiz.grade_pick" in flag for flag in result.flags), result.flags
+    assert all(batch.scores["tampered"][q] == spec.assignment.points[q] for q in ("q01", "q02"))
+
+
+@GRADES
+def test_the_quiz_feedback_gives_no_answer_away(spec, graded):
+    """A learner's page shows the answers they wrote, never one they did not: the untouched
+    release's page has none of the solution's answer lines, and a wrong pick's message names
+    the pick, not the answer."""
+    batch = graded(spec)
+    solution = spec.lab.solution()
+    answers = [solution_region(cell_by_grade_id(solution, f"{q}_answer"))
+               for q in spec.assignment.points]
+    _, untouched = batch.feedback["untouched"]
+    shown = [line for line in answers if line in untouched]
+    assert not shown, shown
+    wrong = error_of(batch.tests[spec.together]["q13"]).evalue
+    assert '"d"' not in wrong
+    _, page = batch.feedback[spec.together]
+    assert "grade_pick" not in page and "grade_number" not in page
+
+
+@GRADES
+def test_the_grader_saw_the_buttons_run_headless(spec, graded):
+    """The buttons' cells ran in the grading kernel (widgets with no frontend) and stored
+    nothing: the test after each reads the answer cell's plain letter."""
+    batch = graded(spec)
+    nb = read(Path(batch.results["picked_and_written"].autograded) / spec.lab.notebook)
+    for qid in QUIZ_CHOICE:
+        cell = cell_by_grade_id(nb, f"{qid}_choices")
+        (out,) = [o for o in cell.outputs if o.output_type == "execute_result"]
+        assert "Click a choice" in out.data["text/plain"], qid
