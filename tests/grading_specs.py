@@ -1,5 +1,6 @@
 """What grading each graded notebook end to end must show: one spec per assignment, read by
-tests/test_grading.py (the batches) and by the checkers' tests (the known mistakes, in process).
+tests/grading_checks.py (the batches, a tests/test_grading_<notebook>.py each) and by the
+checkers' tests (the known mistakes, in process).
 
     LAB3.assignment.points            {"test_ring_all_reduce": 6, ...}: the ASSIGNMENT table
     LAB3.mistakes                     every known mistake: a string replacement in an answer cell
@@ -42,7 +43,8 @@ class Spec:
     name: str  # the assignment: solutions/<name>/<name>.ipynb, released to labs/<name>/
     mistakes: tuple[Mistake, ...]  # every known mistake, each run through its checker
     end_to_end: tuple[str, ...]  # student ids of the mistakes the batch also grades
-    together: str | None = None  # hand the end_to_end mistakes in as one notebook, this id's
+    # Hand the end_to_end mistakes in as one notebook, this id's; or as several, {id: mistakes}.
+    together: str | dict[str, tuple[str, ...]] | None = None
     hidden_at_least: int = 1  # lines of hidden tests the notebook has, at least
     stub_hint: str = STUB_HINT  # what an unfinished stub's test says to do
     # test grade_id -> what its error says in the untouched release, where it is no stub's
@@ -78,6 +80,9 @@ class Spec:
 
     def graded_mistakes(self) -> dict[str, tuple[Mistake, ...]]:
         """Learner -> the mistakes in the notebook they hand in, for the end-to-end batch."""
+        if isinstance(self.together, dict):
+            return {student: tuple(self.mistake(m) for m in ids)
+                    for student, ids in self.together.items()}
         chosen = tuple(self.mistake(student_id) for student_id in self.end_to_end)
         if self.together:
             return {self.together: chosen}
@@ -107,11 +112,13 @@ def params(specs, marks=()) -> list:
 LAB1 = Spec(
     "lab1_cuda_kernels",
     mistakes=(
+        # Values: each fails its part's value test; its technique test, run on the same kernel,
+        # may pass or fail (a kernel that is wrong is not graded on how it is wrong).
         Mistake("off_by_one", "saxpy", "while i < out.size:", "while i <= out.size:",
                 "test_saxpy", r"strictly less: the last valid index is n - 1"),
-        Mistake("swapped_transpose", "transpose", "col, row = cuda.grid(2)",
-                "row, col = cuda.grid(2)", "test_transpose",
-                r"It was never written\. The grid covers a: x runs along a's columns"),
+        Mistake("tile_row_stored", "transpose", "out[y + j, x] = tile[tx, ty + j]",
+                "out[y + j, x] = tile[ty + j, tx]", "test_transpose",
+                r"Within a tile, store tile\[tx, ty \+ j\] \(a column of the tile\)"),
         Mistake("no_barrier", "block_sum",
                 "        cuda.syncthreads()  # every thread, every step: the next step reads "
                 "these sums\n", "", "test_block_sum",
@@ -123,14 +130,84 @@ LAB1 = Spec(
                 "k = tx  # the step t forgotten: a[row, tx] instead of a[row, t * TILE + tx]\n",
                 "test_matmul_tiled",
                 r"Check the tile index: step t loads a\[row, t \* TILE \+ tx\]"),
-        Mistake("no_atomics", "histogram", "cuda.atomic.add(counts, b, 1)", "counts[b] += 1",
+        Mistake("no_atomics", "histogram", "cuda.atomic.add(local, b, 1)", "local[b] += 1",
                 "test_histogram",
                 # Lost counts are likely, not certain, on the simulator: the race detector is.
                 r"Counts were lost\. .* use cuda\.atomic\.add|is a read, an add and a write"),
+        Mistake("no_left_halo", "stencil", "tile[t] = x[j] if 0 <= j < x.size else 0.0",
+                "tile[t] = 0.0  # the left halo left out", "test_stencil",
+                r"Only outputs within RADIUS of a block's edge are wrong: the halo"),
+        Mistake("exclusive_scan", "block_scan", "out[i] = cache[t]\n",
+                "out[i] = cache[t] - x[i]\n", "test_block_scan",
+                r"That is the exclusive scan"),
+        # Technique: the right values the slow way. Each keeps its value points and loses its
+        # technique's, with the number that shows why.
+        Mistake("serial_block_sum", "block_sum",
+                "    stride = THREADS // 2\n"
+                "    while stride > 0:  # halve the active threads each step\n"
+                "        if t < stride:\n"
+                "            cache[t] += cache[t + stride]\n"
+                "        cuda.syncthreads()  # every thread, every step: the next step reads "
+                "these sums\n"
+                "        stride //= 2\n"
+                "    if t == 0:\n"
+                "        out[cuda.blockIdx.x] = cache[0]\n",
+                "    if t == 0:  # thread 0 adds the block alone\n"
+                "        total = float32(0.0)\n"
+                "        for j in range(THREADS):\n"
+                "            total += cache[j]\n"
+                "        out[cuda.blockIdx.x] = total\n",
+                "test_block_sum_technique",
+                r"Halve the active threads each step.*thread 0 of block 0 read \d+ elements, one "
+                r"by one"),
+        Mistake("unpadded_tile", "transpose",
+                "cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)",
+                "cuda.shared.array((TILE_DIM, TILE_DIM), float32)", "test_transpose_technique",
+                r"Pad the tile.*took 32 passes \(a 32-way bank conflict\)"),
+        Mistake("naive_matmul", "matmul_tiled",
+                "    acc = float32(0.0)\n"
+                "    for t in range((k_dim + TILE - 1) // TILE):\n",
+                "    acc = float32(0.0)\n"
+                "    if row < m and col < n:  # every operand from global memory\n"
+                "        for kk in range(k_dim):\n"
+                "            acc += a[row, kk] * b[kk, col]\n"
+                "    for t in range(0):  # the tiles never loaded\n",
+                "test_matmul_tiled_technique",
+                r"Stage each TILE x TILE tile of `a` in shared memory.*reads 8\.0x the global "
+                r"bytes of `a`"),
+        Mistake("global_atomics", "histogram", "cuda.atomic.add(local, b, 1)",
+                "cuda.atomic.add(counts, b, 1)", "test_histogram_technique",
+                r"Count into a shared-memory copy of the bins.*made \d+ global atomic adds for "
+                r"512 values"),
+        Mistake("global_taps", "stencil", "total += w[j] * tile[t + j]",
+                "k = i + j - RADIUS  # every tap from global memory\n"
+                "            total += w[j] * (x[k] if 0 <= k < x.size else float32(0.0))",
+                "test_stencil_technique",
+                r"Load each block's x, with a halo of RADIUS on each side, into shared memory "
+                r"once.*every thread reads its 7 taps from global"),
+        Mistake("serial_scan", "block_scan",
+                "    offset = 1\n"
+                "    while offset < SCAN_THREADS:\n",
+                "    if t == 0:  # thread 0 walks the block\n"
+                "        for j in range(1, SCAN_THREADS):\n"
+                "            cache[j] += cache[j - 1]\n"
+                "    cuda.syncthreads()\n"
+                "    offset = SCAN_THREADS  # no parallel steps\n"
+                "    while offset < SCAN_THREADS:\n",
+                "test_block_scan_technique",
+                r"Scan in log2\(THREADS\) steps.*thread 0 of block 0 read \d+ elements, one by "
+                r"one"),
     ),
-    end_to_end=("off_by_one", "swapped_transpose", "no_barrier", "wrong_tile", "no_atomics"),
-    together="five_mistakes",
+    end_to_end=("off_by_one", "tile_row_stored", "no_barrier", "wrong_tile", "no_atomics",
+                "no_left_halo", "exclusive_scan", "serial_block_sum", "unpadded_tile",
+                "naive_matmul", "global_atomics", "global_taps", "serial_scan"),
+    # Two notebooks, each with its mistakes in distinct parts: the values, and the technique.
+    together={"seven_mistakes": ("off_by_one", "tile_row_stored", "no_barrier", "wrong_tile",
+                                 "no_atomics", "no_left_halo", "exclusive_scan"),
+              "technique_mistakes": ("serial_block_sum", "unpadded_tile", "naive_matmul",
+                                     "global_atomics", "global_taps", "serial_scan")},
     hidden_at_least=8,
+    context=("cell-31",),  # Part 6's worked example: the waves answer uses its get_gpu import
     stub_hint="Replace `raise NotImplementedError()` with your kernel's code.",
     # Part 6's answers are still None: its checker asks for numbers.
     untouched_says={"test_waves": "should be a number"},

@@ -134,60 +134,94 @@ def test_simulator_pace_restores_the_switch_interval():
     assert sys.getswitchinterval() == before
 
 
-# ----------------------------------------------------------------------------- Part 2
+# ----------------------------------------------------------------------------- transpose
+
+TILE_DIM, BLOCK_ROWS = lab1_config.TILE_DIM, lab1_config.BLOCK_ROWS
 
 
 @cuda.jit
 def transpose(out, a):
-    col, row = cuda.grid(2)
-    if row < a.shape[0] and col < a.shape[1]:
-        out[col, row] = a[row, col]
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            tile[ty + j, tx] = a[y + j, x]
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < out.shape[0] and x < out.shape[1]:
+            out[y + j, x] = tile[tx, ty + j]
 
 
 @cuda.jit
-def transpose_swapped(out, a):
-    col, row = cuda.grid(2)
-    if row < a.shape[0] and col < a.shape[1]:
-        out[row, col] = a[col, row]
+def transpose_one_row_each(out, a):
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    if y < a.shape[0] and x < a.shape[1]:  # one row per thread: 8 of the tile's 32
+        tile[ty, tx] = a[y, x]
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
+    if y < out.shape[0] and x < out.shape[1]:
+        out[y, x] = tile[tx, ty]
 
 
 @cuda.jit
-def transpose_wrong_guard(out, a):
-    col, row = cuda.grid(2)
-    if row < a.shape[0] and col < a.shape[0]:  # the column checked against the rows
-        out[col, row] = a[row, col]
+def transpose_blocks_not_swapped(out, a):
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            tile[ty + j, tx] = a[y + j, x]
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty  # not swapped
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < out.shape[0] and x < out.shape[1]:
+            out[y + j, x] = tile[tx, ty + j]
+
+
+@cuda.jit
+def transpose_tile_row_stored(out, a):
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            tile[ty + j, tx] = a[y + j, x]
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < out.shape[0] and x < out.shape[1]:
+            out[y + j, x] = tile[ty + j, tx]  # the tile's row: blocks move, elements do not
 
 
 def test_transpose_passes_a_correct_kernel():
-    lab1.check_transpose(transpose, shapes=[(8, 24), (1, 19), (19, 1), (9, 7)])
+    lab1.check_transpose(transpose, shapes=[(8, 24), (1, 19), (19, 1), (33, 40)])
 
 
-def test_transpose_catches_swapped_indices_on_a_rectangle():
-    with pytest.raises(AssertionError, match=r"shape\[0\]|out\[col, row\]"):
-        lab1.check_transpose(transpose_swapped, shapes=[(5, 12)])
+def test_transpose_names_the_rows_a_thread_left_out():
+    with pytest.raises(AssertionError, match=r"Only the first 8 rows of each tile were written.*"
+                                             r"for j in range\(0, TILE_DIM, BLOCK_ROWS\)"):
+        lab1.check_transpose(transpose_one_row_each, shapes=[(24, 40)])
 
 
-def test_transpose_swapped_indices_pass_on_a_square():
-    """Why the lab's shapes are rectangles: on a square, swapping both indices still transposes."""
-    lab1.check_transpose(transpose_swapped, shapes=[(6, 6)])
+def test_transpose_names_block_indices_left_in_place():
+    with pytest.raises(AssertionError, match=r"never written.*the block indices swap"):
+        lab1.check_transpose(transpose_blocks_not_swapped, shapes=[(13, 40)])
 
 
-@cuda.jit
-def transpose_reshape(out, a):
-    col, row = cuda.grid(2)
-    if row < a.shape[0] and col < a.shape[1]:
-        k = row * a.shape[1] + col  # a's memory order, poured into out's shape
-        out[k // out.shape[1], k % out.shape[1]] = a[row, col]
+def test_transpose_names_a_tile_stored_by_rows():
+    with pytest.raises(AssertionError, match=r"store tile\[tx, ty \+ j\]"):
+        lab1.check_transpose(transpose_tile_row_stored, shapes=[(8, 24)])
 
 
-def test_transpose_names_a_reshape():
-    with pytest.raises(AssertionError, match="a reshape, not a transpose"):
-        lab1.check_transpose(transpose_reshape, shapes=[(4, 6)])
-
-
-def test_transpose_reports_elements_never_written():
-    with pytest.raises(AssertionError, match=r"never written.*a\.shape\[1\]"):
-        lab1.check_transpose(transpose_wrong_guard, shapes=[(3, 10)])
+def test_transpose_on_a_square_within_one_tile_still_needs_the_column():
+    """Why the lab's shapes are rectangles and cross tiles: each mistake shows on them."""
+    lab1.check_transpose(transpose, shapes=[(6, 6)])
+    with pytest.raises(AssertionError):
+        lab1.check_transpose(transpose_tile_row_stored, shapes=[(6, 6)])
 
 
 # ----------------------------------------------------------------------------- Part 3
@@ -448,7 +482,7 @@ def test_waves_explains_wrong_answers():
 
 @pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
 def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
-    """Each mistake that tests/grading_specs.py knows (tests/test_grading.py grades some end to
+    """Each mistake that tests/grading_specs.py knows (tests/grading_checks.py grades some end to
     end): the solution with that mistake, run here up to its test cell, fails there, visible
     and hidden tests included, with the teaching message."""
     SPEC.expect_checker_teaches(mistake)

@@ -125,10 +125,10 @@ def test_hidden_tests_are_not_among_the_visible_checks():
 def test_labs_and_parts_by_short_names():
     assert find_parts("lab5", "one_f_one_b") == find_parts("lab5_parallelism_across_nodes",
                                                            "test_one_f_one_b")
-    assert len(find_parts(1)) == 6
+    assert [p.name for p in find_parts(1)][:3] == ["saxpy", "block_sum", "block_sum_technique"]
     with pytest.raises(ValueError, match="lab1_cuda_kernels"):
         find_parts("lab9")
-    with pytest.raises(ValueError, match="saxpy, transpose"):
+    with pytest.raises(ValueError, match="saxpy, block_sum, block_sum_technique"):
         find_parts("lab1", "sxapy")
 
 

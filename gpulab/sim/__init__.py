@@ -7,8 +7,10 @@ checks, and pictures, built on Numba's CUDA simulator.
     trace.races, trace.barrier_errors                              # what it got wrong
     check_no_races(kernel, blocks, threads_per_block, *args)       # raises RaceError
     model_time(count(trace).scaled(work), "H100 SXM", flops=...)    # a modeled time on a GPU
+    performance_report({"saxpy": Run(trace, work, flops)}, "A100")  # a table of them
 
-trace.py records, races.py judges, cost.py counts requests and models time, draw.py draws;
+trace.py records, races.py judges, cost.py counts requests and models time, report.py tables
+those, draw.py draws;
 scheduler.py runs the threads of a block
 one at a time so that every run is the same. Taught in: lessons/02_cuda_with_numba.ipynb
 """
@@ -24,6 +26,7 @@ from gpulab.sim.records import (
     Race,
     RaceError,
 )
+from gpulab.sim.report import Run, performance_report
 from gpulab.sim.trace import Trace, run_traced
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "OutOfBoundsError",
     "Race",
     "RaceError",
+    "Run",
     "Trace",
     "check_no_races",
     "count",
@@ -43,6 +47,7 @@ __all__ = [
     "explain",
     "find_races",
     "model_time",
+    "performance_report",
     "run_traced",
     "touch_grid",
     "traffic_table",

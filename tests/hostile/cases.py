@@ -5,7 +5,7 @@ the lab's own checkers in a locked cell. Its answers are right unless a case cha
 test that scores zero there is the grader's doing. Most tampering goes in a cell between the two
 tests: test_mean must keep its points (graded before), test_running_max must lose them.
 Lab 1 cases start from the release (stubs: every test fails fast) or the solution.
-Lab 3 cases (graded by tests/test_lab3_grading.py) change the solution's ring, which runs on
+Lab 3 cases (graded by tests/test_grading_lab3.py) change the solution's ring, which runs on
 processes of its own.
 """
 
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import gpulab.checks
+
 FULL = {"test_mean": 2.0, "test_running_max": 3.0}
 SECOND_VOID = {"test_mean": 2.0, "test_running_max": 0.0}
 BOTH_VOID = {"test_mean": 0.0, "test_running_max": 0.0}
-LAB1_ZERO = {t: 0.0 for t in ("test_saxpy", "test_transpose", "test_block_sum",
-                              "test_matmul_tiled", "test_histogram", "test_waves")}
+LAB1_ZERO = dict.fromkeys(gpulab.checks.assignment("lab1_cuda_kernels").points, 0.0)
 WRONG_RUNNING_MAX = "def running_max(xs):\n    return []  # wrong: lets the checker decide"
 FROM_ZERO = ("def running_max(xs):\n    out, best = [], 0  # wrong when all are negative\n"
              "    for x in xs:\n        best = max(best, x)\n        out.append(best)\n"

@@ -6,21 +6,21 @@ computed before the learner's kernel runs (on the simulator, a kernel is Python 
 process), as a copy the kernel is never given.
 
     check_saxpy(saxpy, sizes)                     Part 1  grid-stride loop
-    check_transpose(transpose, shapes)            Part 2  2-D indexing
-    check_block_sum(block_sum, sizes)             Part 3  shared-memory tree reduction
+    check_block_sum(block_sum, sizes)             Part 2  shared-memory tree reduction
+    check_transpose(transpose, shapes)            Part 3  2-D indexing through a padded tile
     check_matmul_tiled(matmul_tiled, shapes)      Part 4  tiled matmul with a bias epilogue
-    check_histogram(histogram, sizes)             Part 5  atomics
+    check_histogram(histogram, sizes)             Part 5  atomics, privatized per block
     check_waves(n_waves, tail_utilization, ...)   Part 6  waves and the tail effect
     check_stencil(stencil, sizes)                 Part 7  a 1-D convolution, halo in shared memory
     check_block_scan(block_scan, sizes)           Part 8  a prefix sum in log2(THREADS) steps
-    check_*_races(kernel)                         Parts 3-5, 7, 8 under the race detector
-    check_*_technique(kernel)                     Parts 3-5, 7, 8: how, not only what (the
+    check_*_races(kernel)                         Parts 2, 4, 5, 7, 8 under the race detector
+    check_*_technique(kernel)                     Parts 2-5, 7, 8: how, not only what (the
                                                   simulator's trace on the cpu runner, measured
                                                   speed against a plain kernel on the gpu runner)
 
 Launch configurations are part of each part's spec (config.py); sizes and grids that differ
 between the cpu and gpu runners come from gpulab.runner.
-Taught in: lessons/02_cuda_with_numba.ipynb (Parts 1-5), lessons/01_gpu_architecture.ipynb (6)
+Taught in: lessons/02_cuda_with_numba.ipynb (Parts 1-5, 7, 8), lessons/01_gpu_architecture.ipynb (6)
 """
 
 from gpulab.checks.lab1.block_sum import (
@@ -49,7 +49,7 @@ from gpulab.checks.lab1.stencil import (
     check_stencil_races,
     check_stencil_technique,
 )
-from gpulab.checks.lab1.transpose import check_transpose
+from gpulab.checks.lab1.transpose import check_transpose, check_transpose_technique
 from gpulab.checks.lab1.waves import check_waves, expected_waves
 from gpulab.checks.table import Answer, Assignment, Check, part
 
@@ -57,14 +57,22 @@ WAVES_SETTING = {"gpu": "A100", "n_blocks": 1000, "blocks_per_sm": 4}  # the not
 
 ASSIGNMENT = Assignment("lab1_cuda_kernels", (
     part("saxpy", 2, Check("check_saxpy", ("saxpy",), {"sizes": [2048, 5000]})),
+    part("block_sum", 2, Check("check_block_sum", ("block_sum",), {"sizes": [256, 1000]})),
+    part("block_sum_technique", 1, Check("check_block_sum_technique", ("block_sum",))),
     part("transpose", 2, Check("check_transpose", ("transpose",),
-                               {"shapes": [(8, 24), (13, 21)]})),
-    part("block_sum", 3, Check("check_block_sum", ("block_sum",), {"sizes": [256, 1000]})),
-    part("matmul_tiled", 4, Check("check_matmul_tiled", ("matmul_tiled",),
+                               {"shapes": [(8, 24), (40, 33)]})),
+    part("transpose_technique", 2, Check("check_transpose_technique", ("transpose",))),
+    part("matmul_tiled", 2, Check("check_matmul_tiled", ("matmul_tiled",),
                                   {"shapes": [(8, 16, 8), (13, 21, 10)]})),
-    part("histogram", 3, Check("check_histogram", ("histogram",), {"sizes": [1000, 4096]})),
+    part("matmul_tiled_technique", 2, Check("check_matmul_tiled_technique", ("matmul_tiled",))),
+    part("histogram", 2, Check("check_histogram", ("histogram",), {"sizes": [1000, 4096]})),
+    part("histogram_technique", 1, Check("check_histogram_technique", ("histogram",))),
     part("waves", 2, Check("check_waves", ("n_waves", "tail_utilization", "utilization"),
                            {"want": Answer("lab1.waves")})),
+    part("stencil", 2, Check("check_stencil", ("stencil",), {"sizes": [256, 1000]})),
+    part("stencil_technique", 1, Check("check_stencil_technique", ("stencil",))),
+    part("block_scan", 2, Check("check_block_scan", ("block_scan",), {"sizes": [256, 1000]})),
+    part("block_scan_technique", 1, Check("check_block_scan_technique", ("block_scan",))),
 ))
 
 # Expected answers the grader computes outside the learner's kernel (gpulab/checks/keys.py).
@@ -75,4 +83,5 @@ __all__ = ["ANSWERS", "ASSIGNMENT", "check_block_sum", "check_block_sum_races",
            "check_histogram_technique", "check_matmul_tiled", "check_matmul_tiled_races",
            "check_matmul_tiled_technique", "check_saxpy", "check_block_scan",
            "check_block_scan_races", "check_block_scan_technique", "check_stencil",
-           "check_stencil_races", "check_stencil_technique", "check_transpose", "check_waves"]
+           "check_stencil_races", "check_stencil_technique", "check_transpose",
+           "check_transpose_technique", "check_waves"]

@@ -1,4 +1,4 @@
-"""Lab 1, Part 3: a shared-memory tree reduction per block (check_block_sum, check_block_sum_races,
+"""Lab 1, Part 2: a shared-memory tree reduction per block (check_block_sum, check_block_sum_races,
 and check_block_sum_technique: a tree, not one thread adding the block).
 Taught in: lessons/02_cuda_with_numba.ipynb
 """

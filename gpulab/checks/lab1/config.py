@@ -10,7 +10,7 @@ import gpulab
 
 # (blocks, threads_per_block) of the grid-stride parts: a fixed grid, smaller than the arrays.
 GRID = gpulab.runner.pick(cpu=(2, 32), gpu=(8, 128))
-TRANSPOSE_THREADS = gpulab.runner.pick(cpu=(8, 8), gpu=(16, 16))  # (x, y) threads per block
+TILE_DIM, BLOCK_ROWS = 32, 8  # transpose: 32 x 32 tiles, blocks of 32 x 8 threads (4 rows each)
 BLOCK_SUM_THREADS = 64  # the notebook's THREADS: block_sum's shared array has this many cells
 TILE = 8  # the notebook's TILE: matmul_tiled runs (TILE, TILE) blocks with TILE x TILE tiles
 HISTOGRAM_BINS, HISTOGRAM_WIDTH = 16, 4  # Part 5: counts.size and bin_width

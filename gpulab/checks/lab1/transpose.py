@@ -1,5 +1,6 @@
-"""Lab 1, Part 2: transpose with 2-D indexing (check_transpose).
-Taught in: lessons/02_cuda_with_numba.ipynb
+"""Lab 1, Part 3: a transpose through a padded shared-memory tile (check_transpose, and
+check_transpose_technique: coalesced loads and stores, no bank conflicts).
+Taught in: lessons/02_cuda_with_numba.ipynb (section "Coalescing and bank conflicts")
 """
 
 from __future__ import annotations
@@ -7,43 +8,134 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, launch
 from gpulab.checks.harness.owned import require_own_kernel
-from gpulab.checks.lab1.config import (
-    TRANSPOSE_THREADS,
-)
+from gpulab.checks.harness.technique import measured_speedup, trace_kernel
+from gpulab.checks.lab1.config import BLOCK_ROWS, TILE_DIM
 from gpulab.kernels.common import ceil_div
+
+THREADS = (TILE_DIM, BLOCK_ROWS)  # (x, y): a block copies a TILE_DIM x TILE_DIM tile
+
+
+def transpose_blocks(rows: int, cols: int) -> tuple[int, int]:
+    """The grid over a of shape (rows, cols): a block per TILE_DIM x TILE_DIM tile, x along
+    a's columns."""
+    return ceil_div(cols, TILE_DIM), ceil_div(rows, TILE_DIM)
 
 
 def check_transpose(kernel, shapes=((8, 24), (13, 21)), seed=0):
-    """transpose(out, a): out[c, r] = a[r, c] for a of shape (R, C), one thread per element;
-    threads_per_block = TRANSPOSE_THREADS with x along a's columns, y along its rows."""
+    """transpose(out, a): out[c, r] = a[r, c] for a of shape (R, C); blocks of (TILE_DIM,
+    BLOCK_ROWS) threads, one per TILE_DIM x TILE_DIM tile of a, x along a's columns."""
     require_own_kernel(kernel, "transpose")
     rng = np.random.default_rng(seed)
-    tx, ty = TRANSPOSE_THREADS
     for rows, cols in shapes:
         a = rng.standard_normal((rows, cols)).astype(np.float32)
         case = f"a of shape ({rows}, {cols}), out of shape ({cols}, {rows})"
-        blocks = (ceil_div(cols, tx), ceil_div(rows, ty))
         out = GuardedOutput((cols, rows), np.float32, np.nan)
         want = a.T.astype(np.float64)
-        launch(kernel, "transpose", blocks, (tx, ty), out.view, cuda.to_device(a), case=case)
+        launch(kernel, "transpose", transpose_blocks(rows, cols), THREADS, out.view,
+               cuda.to_device(a), case=case)
         got = out.result("transpose", case)
         bad = bad_indices(got, want, rtol=0, atol=0)
         if bad.size == 0:
             continue
         c, r = (int(v) for v in bad[0])
-        if np.isnan(got[c, r]):
-            hint = ("It was never written. The grid covers a: x runs along a's columns and y "
-                    "along its rows, so `col, row = cuda.grid(2)` (x first), then guard "
-                    "`row < a.shape[0] and col < a.shape[1]`.")
+        unwritten = np.isnan(got)
+        past_block_rows = np.arange(cols) % TILE_DIM >= BLOCK_ROWS  # out's rows, by tile row
+        if unwritten.all():
+            hint = ("Nothing was written. Load the tile from a, cuda.syncthreads(), then write "
+                    "out from the tile.")
+        elif past_block_rows.any() and unwritten[past_block_rows].all():
+            hint = (f"Only the first {BLOCK_ROWS} rows of each tile were written: a block has "
+                    f"{BLOCK_ROWS} rows of threads for a tile of {TILE_DIM}, so each thread "
+                    f"copies {TILE_DIM // BLOCK_ROWS} rows, `for j in range(0, TILE_DIM, "
+                    "BLOCK_ROWS)`, when loading and when storing.")
+        elif np.isnan(got[c, r]):
+            hint = ("It was never written. Block (bx, by) loads a's tile at rows by * TILE_DIM "
+                    "and columns bx * TILE_DIM, and writes it to out's tile at rows "
+                    "bx * TILE_DIM and columns by * TILE_DIM: the block indices swap, not only "
+                    "the thread indices. Guard each access by the shape of the array it reads "
+                    "or writes.")
         elif rows * cols > 1 and np.array_equal(got, a.reshape(cols, rows)):
             hint = ("out holds a's elements in a's own order (a reshape, not a transpose): "
-                    "write a[row, col] to out[col, row].")
+                    "write tile[tx, ty + j], the tile's column, to out's row.")
         else:
-            hint = "Write a[row, col] to out[col, row]: the row of a becomes the column of out."
+            hint = ("Within a tile, store tile[tx, ty + j] (a column of the tile) to out's row: "
+                    "the row of a becomes the column of out.")
         raise AssertionError(
             f"transpose ({case}): out[{c}, {r}] is {got[c, r]:.5f}, expected a[{r}, {c}] = "
             f"{want[c, r]:.5f}. {len(bad)} of {got.size} elements are wrong. {hint}")
 
 
+# ----------------------------------------------------------------------------- technique
+
+TECHNIQUE_SHAPE = (TILE_DIM, 2 * TILE_DIM)  # two whole tiles: every warp request is a full one
+COALESCED = (TILE_DIM * 4) // 32  # sectors a warp's 32 consecutive float32 take: 4
+GPU_SHAPE, GPU_MIN_SPEEDUP = (4096, 4096), 1.3  # where coalesced stores pay, against _plain
+
+
+@cuda.jit
+def _plain_transpose(out, a):
+    """The technique's yardstick on a GPU: the same grid, straight from a to out (the stores
+    of a warp land a row of out apart)."""
+    x = cuda.blockIdx.x * TILE_DIM + cuda.threadIdx.x
+    y = cuda.blockIdx.y * TILE_DIM + cuda.threadIdx.y
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            out[x, y + j] = a[y + j, x]
+
+
+def check_transpose_technique(kernel, shape=TECHNIQUE_SHAPE, seed=0):
+    """Loads and stores coalesced, and the tile padded: on the simulator, at most COALESCED
+    sectors per warp request of a and of out, and no shared-memory request that takes more than
+    one pass (count(trace).worst_bank_conflict); on a GPU, at least GPU_MIN_SPEEDUP x as fast as
+    _plain_transpose at GPU_SHAPE."""
+    from gpulab.sim.cost import count
+
+    require_own_kernel(kernel, "transpose")
+    if not gpulab.runner.simulator:
+        return _check_speed(kernel)
+    rows, cols = shape
+    a = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    case = f"a of shape ({rows}, {cols})"
+    trace = trace_kernel(kernel, "transpose", transpose_blocks(rows, cols), THREADS,
+                         np.zeros((cols, rows), np.float32), a, case=case)
+    counters = count(trace)
+    values_right = "The values are right; this is the technique's part."
+    for what, name, requests, sectors in (
+            ("loads", "a", counters.global_load_requests, counters.global_load_sectors),
+            ("stores", "out", counters.global_store_requests, counters.global_store_sectors)):
+        per_request = sectors / max(requests, 1)
+        if per_request > COALESCED + 0.5:
+            raise AssertionError(
+                f"Stage the tile in shared memory, so that both a's rows and out's rows are "
+                f"copied by consecutive threads: transpose ({case}) {what} `{name}` with "
+                f"{per_request:.1f} sectors of 32 B per warp request, where coalesced {what} "
+                f"take {COALESCED}. The 32 threads of a warp each touch an element a whole row "
+                f"of `{name}` apart, so every element costs a sector of its own. " + values_right)
+    if counters.worst_bank_conflict > 1:
+        raise AssertionError(
+            f"Pad the tile: cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32). In transpose "
+            f"({case}) one warp's access to the tile took {counters.worst_bank_conflict} passes "
+            f"(a {counters.worst_bank_conflict}-way bank conflict): the {TILE_DIM} words of a "
+            f"column of a {TILE_DIM}-wide float32 tile all sit in one of the 32 banks, and one "
+            "more column of padding spreads them over all 32. " + values_right)
+
+
+def _check_speed(kernel) -> None:
+    rows, cols = GPU_SHAPE
+    a = np.random.default_rng(0).standard_normal(GPU_SHAPE).astype(np.float32)
+
+    def make_args():
+        return cuda.device_array((cols, rows), np.float32), cuda.to_device(a)
+
+    blocks = transpose_blocks(rows, cols)
+    ratio = measured_speedup(kernel, _plain_transpose, blocks, THREADS, blocks, THREADS,
+                             make_args)
+    if ratio < GPU_MIN_SPEEDUP:
+        raise AssertionError(
+            f"Stage the tile in shared memory and pad it: at {rows} x {cols}, transpose is "
+            f"{ratio:.2f}x as fast as a plain transpose (stores a row of out apart), and a "
+            f"padded shared-memory one is at least {GPU_MIN_SPEEDUP}x. The values are right; "
+            "this is the technique's part.")

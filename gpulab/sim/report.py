@@ -1,0 +1,54 @@
+"""A performance report of traced kernels: what each asks of memory, and its modeled time on a
+GPU at full size, with where it sits under that GPU's roofline.
+
+    runs = {"matmul_tiled": Run(trace, work=4096, flops=2 * m * n * k)}
+    print(performance_report(runs, "A100"))
+
+`work` scales a small traced launch to the full-size one (cost.Counters.scaled: a grid of
+tiles repeats its pattern); `flops` is the full-size launch's fp32 math, which the trace
+cannot see. Every time here is MODELED (gpulab.sim.cost), never measured.
+Taught in: solutions/lab1_cuda_kernels (the performance report), lessons/02_cuda_with_numba.ipynb
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpulab.sim.cost import count, model_time
+
+
+@dataclass(frozen=True)
+class Run:
+    """One traced launch, and how it scales to the launch the report is about."""
+
+    trace: object  # a gpulab.sim.Trace
+    work: float = 1.0  # full-size launch over the traced one
+    flops: float = 0.0  # fp32 FLOPs of the full-size launch
+
+
+def performance_report(runs: dict[str, Run], gpu) -> str:
+    """A table, a line per kernel: sectors per warp request and coalescing (bytes used over
+    bytes moved), the worst bank conflict, global atomics, barriers per block, the modeled time
+    on `gpu` and its largest term, and the arithmetic intensity against the GPU's fp32 ridge."""
+    from gpulab.hardware import get_gpu, ops_per_byte
+
+    spec = get_gpu(gpu)
+    ridge = ops_per_byte(spec, "fp32")
+    head = (f"{'kernel':<14}{'sectors/req':>12}{'coalesced':>10}{'bank ways':>10}"
+            f"{'atomics':>12}{'barriers':>9}{'modeled':>11}  {'bound by':<16}{'FLOP/B':>7}"
+            "  roofline")
+    lines = [f"MODELED on {spec.name} (gpulab.sim.cost; fp32 ridge {ridge:.0f} FLOP/B)", head]
+    for name, run in runs.items():
+        c = count(run.trace).scaled(run.work)
+        t = model_time(c, spec, flops=run.flops)
+        intensity = run.flops / c.global_bytes if c.global_bytes else 0.0
+        side = "compute side" if intensity >= ridge else "memory side"
+        lines.append(
+            f"{name:<14}{c.sectors_per_request:>12.1f}{c.coalescing:>10.0%}"
+            f"{c.worst_bank_conflict:>10}{c.global_atomics:>12,}{c.barriers_per_block:>9}"
+            f"{_us(t.time_s):>11}  {t.bound:<16}{intensity:>7.2f}  {side}")
+    return "\n".join(lines)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} us" if seconds >= 1e-5 else f"{seconds * 1e6:.1f} us"
