@@ -20,11 +20,15 @@ BASES = {  # (lab, base) -> the notebook a case starts from
     ("lab2_amp_training", "release"): ROOT / "labs/lab2_amp_training/lab2_amp_training.ipynb",
     ("lab3_ddp_from_scratch", "solution"):
         ROOT / "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb",
+    ("lab3_ddp_from_scratch", "release"):
+        ROOT / "labs/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb",
     ("lab4_memory_and_profiling", "solution"):
         ROOT / "solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb",
     ("quiz", "solution"): ROOT / "solutions/quiz/quiz.ipynb",
     ("capstone_distributed_gpt", "solution"):
         ROOT / "solutions/capstone_distributed_gpt/capstone_distributed_gpt.ipynb",
+    ("capstone_distributed_gpt", "release"):
+        ROOT / "labs/capstone_distributed_gpt/capstone_distributed_gpt.ipynb",
 }
 
 
