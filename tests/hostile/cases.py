@@ -333,8 +333,9 @@ time.perf_counter = _kind_clock
 # its checker module holds: loosening either before the tests must void them all. Both start
 # from the release: the guard voids every test whatever the answers, so the solution's cluster
 # runs would cost minutes for nothing more.
+# The written answer, left as released, gets nbgrader's 0 (a person grades a written one).
 CAPSTONE_VOID = {"test_sharded_training": 0.0, "test_memory_plan": 0.0,
-                 "test_elastic_resume": 0.0, "written_answer": None}
+                 "test_elastic_resume": 0.0, "written_answer": 0.0}
 CAPSTONE = [
     Case("capstone_loose", "the checker's loss tolerance made infinite before any test",
          lab="capstone_distributed_gpt", base="release", after="shard_model", code='''
