@@ -16,7 +16,7 @@ import nbformat
 import numpy as np
 import pytest
 from hostile import FIXTURE_HIDDEN, INTEGRITY, check_outcome, hand_in_all
-from lab1_submissions import ROOT, page_text
+from lab_submissions import ROOT, page_text
 
 from autograder.cells import Plan
 from autograder.course import Course

@@ -2,6 +2,7 @@
 wrong ones a learner writes: an off-by-one guard, no grid-stride loop, swapped indices, a missing
 barrier, a wrong tile index, no atomics, gpulab's own kernel handed in."""
 
+import re
 import sys
 
 import numpy as np
@@ -222,6 +223,65 @@ def test_transpose_on_a_square_within_one_tile_still_needs_the_column():
     lab1.check_transpose(transpose, shapes=[(6, 6)])
     with pytest.raises(AssertionError):
         lab1.check_transpose(transpose_tile_row_stored, shapes=[(6, 6)])
+
+
+# Technique (tests/test_checks_lab1_technique.py has the other parts'): the simulator's trace.
+TRACED = pytest.mark.skipif(not gpulab.runner.simulator,
+                            reason="the trace is the cpu runner's evidence")
+
+
+def fails(check, kernel, match: str) -> str:
+    with pytest.raises(AssertionError) as error:
+        check(kernel)
+    assert re.search(match, str(error.value), re.S), str(error.value)
+    return str(error.value)
+
+
+@cuda.jit
+def transpose_unpadded(out, a):
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM), float32)  # a column is one bank
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            tile[ty + j, tx] = a[y + j, x]
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < out.shape[0] and x < out.shape[1]:
+            out[y + j, x] = tile[tx, ty + j]
+
+
+@cuda.jit
+def transpose_naive(out, a):
+    x = cuda.blockIdx.x * TILE_DIM + cuda.threadIdx.x
+    y = cuda.blockIdx.y * TILE_DIM + cuda.threadIdx.y
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            out[x, y + j] = a[y + j, x]  # a warp's stores land a row of out apart
+
+
+@TRACED
+def test_a_padded_tile_passes_both_checks():
+    lab1.check_transpose(transpose)
+    lab1.check_transpose_technique(transpose)
+
+
+@TRACED
+def test_a_naive_transpose_keeps_its_values_and_loses_the_technique():
+    lab1.check_transpose(transpose_naive)
+    text = fails(lab1.check_transpose_technique, transpose_naive,
+                 r"^Stage the tile in shared memory.*stores `out` with 32\.0 sectors of 32 B per "
+                 r"warp request, where coalesced stores take 4")
+    assert "The values are right" in text
+
+
+@TRACED
+def test_an_unpadded_tile_is_named_by_its_bank_conflict():
+    lab1.check_transpose(transpose_unpadded)
+    fails(lab1.check_transpose_technique, transpose_unpadded,
+          r"^Pad the tile: cuda\.shared\.array\(\(TILE_DIM, TILE_DIM \+ 1\), float32\).*took 32 "
+          r"passes \(a 32-way bank conflict\)")
 
 
 # ----------------------------------------------------------------------------- Part 3

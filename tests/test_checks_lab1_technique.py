@@ -28,19 +28,15 @@ from gpulab.checks.lab1 import (
     check_stencil,
     check_stencil_races,
     check_stencil_technique,
-    check_transpose,
-    check_transpose_technique,
 )
+from gpulab.checks.lab1.config import BLOCK_SUM_THREADS as THREADS
+from gpulab.checks.lab1.config import HISTOGRAM_BINS as BINS
 from gpulab.checks.lab1.config import (
-    BLOCK_ROWS,
     RADIUS,
     SCAN_THREADS,
     STENCIL_THREADS,
     TILE,
-    TILE_DIM,
 )
-from gpulab.checks.lab1.config import BLOCK_SUM_THREADS as THREADS
-from gpulab.checks.lab1.config import HISTOGRAM_BINS as BINS
 from gpulab.checks.lab1.matmul_tiled import tiled_read_bytes
 from gpulab.checks.lab1.stencil import stencil_reference
 
@@ -133,68 +129,6 @@ def test_staging_only_a_is_half_the_technique():
     fails(check_matmul_tiled_technique, matmul_a_only,
           r"tile of `b` in shared memory.*reads 8\.0x the global bytes of `b`.*whole column of "
           r"`b`")
-
-
-# ----------------------------------------------------------------------------- transpose
-
-
-@cuda.jit
-def transpose_padded(out, a):
-    tile = cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
-    for j in range(0, TILE_DIM, BLOCK_ROWS):
-        if y + j < a.shape[0] and x < a.shape[1]:
-            tile[ty + j, tx] = a[y + j, x]
-    cuda.syncthreads()
-    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
-    for j in range(0, TILE_DIM, BLOCK_ROWS):
-        if y + j < out.shape[0] and x < out.shape[1]:
-            out[y + j, x] = tile[tx, ty + j]
-
-
-@cuda.jit
-def transpose_unpadded(out, a):
-    tile = cuda.shared.array((TILE_DIM, TILE_DIM), float32)  # a column is one bank
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
-    for j in range(0, TILE_DIM, BLOCK_ROWS):
-        if y + j < a.shape[0] and x < a.shape[1]:
-            tile[ty + j, tx] = a[y + j, x]
-    cuda.syncthreads()
-    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
-    for j in range(0, TILE_DIM, BLOCK_ROWS):
-        if y + j < out.shape[0] and x < out.shape[1]:
-            out[y + j, x] = tile[tx, ty + j]
-
-
-@cuda.jit
-def transpose_naive(out, a):
-    x = cuda.blockIdx.x * TILE_DIM + cuda.threadIdx.x
-    y = cuda.blockIdx.y * TILE_DIM + cuda.threadIdx.y
-    for j in range(0, TILE_DIM, BLOCK_ROWS):
-        if y + j < a.shape[0] and x < a.shape[1]:
-            out[x, y + j] = a[y + j, x]  # a warp's stores land a row of out apart
-
-
-def test_a_padded_tile_passes_both_checks():
-    check_transpose(transpose_padded)
-    check_transpose_technique(transpose_padded)
-
-
-def test_a_naive_transpose_keeps_its_values_and_loses_the_technique():
-    check_transpose(transpose_naive)
-    text = fails(check_transpose_technique, transpose_naive,
-                 r"^Stage the tile in shared memory.*stores `out` with 32\.0 sectors of 32 B per "
-                 r"warp request, where coalesced stores take 4")
-    assert "The values are right" in text
-
-
-def test_an_unpadded_tile_is_named_by_its_bank_conflict():
-    check_transpose(transpose_unpadded)
-    fails(check_transpose_technique, transpose_unpadded,
-          r"^Pad the tile: cuda\.shared\.array\(\(TILE_DIM, TILE_DIM \+ 1\), float32\).*took 32 "
-          r"passes \(a 32-way bank conflict\)")
 
 
 # ----------------------------------------------------------------------------- block sum
