@@ -176,3 +176,22 @@ def test_at_full_size_the_optimized_kernels_model_faster():
                                "H100 SXM", flops=flops)
                     for k in (matmul_kernel_v1, matmul_kernel_v2))
     assert naive.time_s > 2 * tiled.time_s
+
+
+def test_the_report_scales_each_run_and_says_which_side_of_the_ridge_it_is():
+    from gpulab.hardware import get_gpu, ops_per_byte
+    from gpulab.sim import Run, performance_report
+
+    n = 256
+    x = np.ones(n, np.float32)
+    trace = run_traced(vector_add_kernel_v1, n // 64, 64, np.zeros_like(x), x, x)
+    ridge = ops_per_byte(get_gpu("A100"), "fp32")
+    low, high = Run(trace, work=1024, flops=n * 1024), Run(trace, work=1024, flops=1e15)
+    assert low.counters().global_sectors == 1024 * count(trace).global_sectors
+    text = performance_report({"memory_bound": low, "compute_bound": high}, "A100")
+    assert f"fp32 ridge {ridge:.0f} FLOP/B" in text
+    (memory_line,) = [line for line in text.splitlines() if line.startswith("memory_bound")]
+    (compute_line,) = [line for line in text.splitlines() if line.startswith("compute_bound")]
+    assert memory_line.endswith("memory side") and " memory " in memory_line
+    assert compute_line.endswith("compute side") and " compute " in compute_line
+    assert high.modeled("A100").time_s > low.modeled("A100").time_s

@@ -25,6 +25,14 @@ class Run:
     work: float = 1.0  # full-size launch over the traced one
     flops: float = 0.0  # fp32 FLOPs of the full-size launch
 
+    def counters(self):
+        """The traced launch's counters, scaled to the full-size launch."""
+        return count(self.trace).scaled(self.work)
+
+    def modeled(self, gpu):
+        """The full-size launch's modeled time on `gpu` (a cost.ModeledTime)."""
+        return model_time(self.counters(), gpu, flops=self.flops)
+
 
 def performance_report(runs: dict[str, Run], gpu) -> str:
     """A table, a line per kernel: sectors per warp request and coalescing (bytes used over
@@ -39,8 +47,7 @@ def performance_report(runs: dict[str, Run], gpu) -> str:
             "  roofline")
     lines = [f"MODELED on {spec.name} (gpulab.sim.cost; fp32 ridge {ridge:.0f} FLOP/B)", head]
     for name, run in runs.items():
-        c = count(run.trace).scaled(run.work)
-        t = model_time(c, spec, flops=run.flops)
+        c, t = run.counters(), run.modeled(spec)
         intensity = run.flops / c.global_bytes if c.global_bytes else 0.0
         side = "compute side" if intensity >= ridge else "memory side"
         lines.append(
