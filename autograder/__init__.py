@@ -22,3 +22,10 @@ feedback.py     HTML feedback without hidden tests, their tracebacks or their ou
 export.py       the grades CSV
 cli.py          the command line
 """
+
+import sys
+
+# jsonschema, which nbformat imports, builds an RFC 3987 grammar when it is importable: about
+# 3 s of CPU in every grading process (the CLI, each worker). nbformat's schemas check no IRI,
+# so the grammar is never used; without it jsonschema only skips its "iri" format checker.
+sys.modules.setdefault("rfc3987_syntax", None)

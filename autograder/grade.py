@@ -8,7 +8,8 @@
        source, the runner profile) keeps its grade, unless `regrade`
     4. the others are graded by `python -m autograder.worker` subprocesses, `jobs` at a time
        (autograder/pool.py), with the lab's expected answers computed once, beforehand, in a
-       process of their own (autograder/answers.py)
+       process of their own (autograder/answers.py), and the lab generated once in a root of
+       its own that each worker copies (`lab_alone`)
     5. each result is recorded by autograder/gradebook.py, in this process and in student
        order, whatever `jobs` is
 
@@ -49,6 +50,14 @@ def prepare_lab(course: Course, lab: str) -> list[str]:
     sources = copy_sources(course, lab, course.grading / "source" / lab)
     generate_assignment(course.grading, lab)
     return [path.name for path in sources]
+
+
+def lab_alone(course: Course, lab: str, root: Path) -> Path:
+    """A course root at `root` holding `lab` alone, generated: its source and a gradebook
+    that knows its cells and nothing of any learner, which each worker copies."""
+    copy_sources(course, lab, root / "source" / lab)
+    generate_assignment(root, lab)
+    return root
 
 
 def collect(
@@ -196,11 +205,12 @@ def _grade_batch(course, lab, todo, profile, prints, jobs, progress) -> dict[str
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=course.grading / "tmp"))
     source = course.grading / "source" / lab
     answers = compute_answers(lab, source, profile.kernel_env(os.environ))
+    lab_root = lab_alone(course, lab, scratch / "lab")
     tasks = [
         GradeTask(
             lab=lab,
             student_id=submission.student_id,
-            source=str(course.grading / "source" / lab),
+            lab_root=str(lab_root),
             submission=str(submission.notebooks[0].parent),
             workdir=str(scratch / submission.student_id / "course"),
             cell_timeout_s=profile.cell_timeout_s,

@@ -4,11 +4,11 @@
 
 The parent (autograder/grade.py) writes a `GradeTask`, starts this module in a subprocess with
 the runner profile's environment, and reads back a `GradeResult`: plain data, no gradebook
-handle. The worker builds a private course root in `task.workdir` (the lab's sources, this one
-submission, a gradebook of its own), admits the submission (autograder/cells.py: unreadable
-notebooks, duplicated or deleted cells), runs nbgrader autograde there with GradeExecute in
-place of nbgrader's Execute (autograder/execute.py), and reports the scores with the flags and
-per-cell reasons an instructor should see.
+handle. The worker builds a private course root in `task.workdir` (the lab's sources and
+gradebook, copied from the run's generated lab, and this one submission), admits the submission
+(autograder/cells.py: unreadable notebooks, duplicated or deleted cells), runs nbgrader
+autograde there with GradeExecute in place of nbgrader's Execute (autograder/execute.py), and
+reports the scores with the flags and per-cell reasons an instructor should see.
 So a submission that crashes or hangs its kernel costs only its own grade, the shared
 gradebook is written by the parent alone, and the whole worker command is the unit that a
 sandbox (bubblewrap, rlimits) or a pool of `--jobs N` processes wraps.
@@ -31,7 +31,6 @@ from autograder.course import (
     nbgrader_log,
     prepare_nbgrader,
 )
-from autograder.release import generate_assignment
 
 LOG_TAIL_LINES = 15  # of nbgrader's log, kept in an error so the instructor sees why
 
@@ -42,7 +41,10 @@ class GradeTask:
 
     lab: str
     student_id: str
-    source: str  # folder of the lab's source notebooks (answers and hidden tests)
+    # A course root holding the lab alone, generated once per run by the parent: source/LAB/
+    # (answers and hidden tests) and a gradebook that knows the lab's cells. Each worker starts
+    # its private root as a copy of it, instead of generating the lab again (seconds each).
+    lab_root: str
     submission: str  # folder of this learner's notebooks (and timestamp.txt)
     workdir: str  # empty folder: becomes this submission's private nbgrader course root
     cell_timeout_s: int  # per cell, from the runner profile
@@ -175,7 +177,8 @@ def grade_submission(task: GradeTask) -> GradeResult:
     submitted = root / "submitted" / task.student_id / task.lab
     try:
         with nbgrader_log() as log:
-            _copy_folder(Path(task.source), root / "source" / task.lab)
+            _copy_folder(Path(task.lab_root) / "source" / task.lab, root / "source" / task.lab)
+            shutil.copyfile(Path(task.lab_root) / "gradebook.db", root / "gradebook.db")
             _copy_folder(Path(task.submission), submitted)
             found = admit_submission(submitted, root / "source" / task.lab)
             if found.unreadable:  # nothing to grade: the learner should hand in a notebook
@@ -186,7 +189,6 @@ def grade_submission(task: GradeTask) -> GradeResult:
                     seconds=time.perf_counter() - started,
                     flags=tuple(found.record.flag_lines()),
                 )
-            generate_assignment(root, task.lab)  # this root's gradebook learns the lab's cells
             config = autograde_config(root, task)
             Autograde(coursedir=CourseDirectory(config=config), config=config).start()
     except Exception as exc:  # nbgrader reports a failed notebook as a generic exception

@@ -319,7 +319,7 @@ def test_a_weaker_sandbox_is_written_into_the_grade(monkeypatch):
 
     weak = Confinement(None, root=True, own_uid=True, why_no_bwrap="bwrap is not installed")
     monkeypatch.setattr(autograder.sandbox, "confinement", lambda: weak)
-    task = GradeTask(LAB, "ada", "src", "sub", "/nonexistent", cell_timeout_s=60)
+    task = GradeTask(LAB, "ada", "lab", "sub", "/nonexistent", cell_timeout_s=60)
     (warning,) = sandbox_warnings(task)
     assert warning.startswith("no bubblewrap (bwrap is not installed)")
     assert "solutions/" in warning, "it says what the kernel can read"
@@ -347,7 +347,7 @@ def test_autograde_starts_its_kernels_through_the_sandbox(tmp_path):
     from nbgrader.converters import Autograde
 
     limits = asdict(replace(SandboxSettings(), max_processes=77))
-    task = GradeTask(LAB, "ada", "src", "sub", str(tmp_path), cell_timeout_s=60, sandbox=limits)
+    task = GradeTask(LAB, "ada", "lab", "sub", str(tmp_path), cell_timeout_s=60, sandbox=limits)
     config = autograde_config(tmp_path, task)
     executes = [p for p in Autograde(config=config).autograde_preprocessors
                 if issubclass(p, NotebookClient)]

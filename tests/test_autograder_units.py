@@ -74,7 +74,7 @@ def test_profiles_set_the_runner_and_a_longer_timeout_on_the_simulator():
 def test_the_profile_timeout_and_scoring_rule_reach_nbgrader(tmp_path):
     from nbgrader.converters import Autograde
 
-    task = GradeTask(LAB, "ada", "src", "sub", str(tmp_path), cell_timeout_s=180)
+    task = GradeTask(LAB, "ada", "lab", "sub", str(tmp_path), cell_timeout_s=180)
     config = autograde_config(tmp_path, task)
     assert config.Execute.timeout == 180
     assert config.OverwriteCells.add_missing_cells, "deleted test cells come back"
@@ -272,3 +272,26 @@ def test_fixture_lab_is_an_nbgrader_source():
     points = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in graded}
     assert points == {"test_mean": 2, "test_running_max": 3}
     assert all(hidden_lines(c.source) for c in graded), "each part has a hidden test"
+
+
+def test_a_new_gradebook_is_stamped_with_the_revision_alembic_names(tmp_path):
+    """The revision read in-process (course.gradebook_schema_revision, which replaces nbgrader's
+    `alembic heads` subprocess) is the one that command prints, and a new gradebook gets it."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from nbgrader.api import Gradebook, _temp_alembic_ini
+
+    from autograder.course import gradebook_schema_revision, gradebook_url, prepare_nbgrader
+
+    alembic = Path(sys.executable).parent / "alembic"
+    with _temp_alembic_ini(gradebook_url(tmp_path)) as ini:
+        heads = subprocess.check_output([str(alembic), "-c", ini, "heads"], text=True)
+    assert heads.split()[0] == gradebook_schema_revision()
+    prepare_nbgrader()
+    with Gradebook(gradebook_url(tmp_path)):
+        pass
+    with sqlite3.connect(tmp_path / "gradebook.db") as db:
+        stamped = db.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert stamped == [(gradebook_schema_revision(),)]
