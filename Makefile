@@ -29,6 +29,7 @@ JUPYTER_ARGS ?=
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+GPU_CHECK_ARGS ?=
 
 # Grading (README, "Instructors"): make release LAB=...; make grade LAB=... SUBMISSIONS=...
 LAB ?=
@@ -36,7 +37,7 @@ SUBMISSIONS ?=
 RUNNER ?= cpu
 JOBS ?= 1
 
-.PHONY: install grader-tools lab test lint bench doctor release grade clean
+.PHONY: install grader-tools lab test lint bench gpu-check doctor release grade clean
 
 install: $(STAMP)
 
@@ -82,6 +83,11 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# On an NVIDIA GPU: GPU tests, lessons, grading on the gpu runner and the GPU benchmarks, about
+# 8 minutes, written to docs/gpu-report.md. Without a GPU it says so and runs nothing.
+gpu-check: install grader-tools
+	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 doctor: install
 	$(PY) -m gpulab doctor
