@@ -12,24 +12,15 @@ from hostile.cases import Case
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
-BASES = {  # (lab, base) -> the notebook a case starts from
-    ("lab0_fixture", "solution"): TESTS / "fixtures/solutions/lab0_fixture/lab0_fixture.ipynb",
-    ("lab1_cuda_kernels", "solution"): ROOT / "solutions/lab1_cuda_kernels/lab1_cuda_kernels.ipynb",
-    ("lab1_cuda_kernels", "release"): ROOT / "labs/lab1_cuda_kernels/lab1_cuda_kernels.ipynb",
-    ("lab2_amp_training", "solution"): ROOT / "solutions/lab2_amp_training/lab2_amp_training.ipynb",
-    ("lab2_amp_training", "release"): ROOT / "labs/lab2_amp_training/lab2_amp_training.ipynb",
-    ("lab3_ddp_from_scratch", "solution"):
-        ROOT / "solutions/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb",
-    ("lab3_ddp_from_scratch", "release"):
-        ROOT / "labs/lab3_ddp_from_scratch/lab3_ddp_from_scratch.ipynb",
-    ("lab4_memory_and_profiling", "solution"):
-        ROOT / "solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb",
-    ("quiz", "solution"): ROOT / "solutions/quiz/quiz.ipynb",
-    ("capstone_distributed_gpt", "solution"):
-        ROOT / "solutions/capstone_distributed_gpt/capstone_distributed_gpt.ipynb",
-    ("capstone_distributed_gpt", "release"):
-        ROOT / "labs/capstone_distributed_gpt/capstone_distributed_gpt.ipynb",
-}
+
+
+def base_notebook(lab: str, base: str) -> Path:
+    """The notebook a case starts from: the lab's solution or its release (the fixture lab's
+    solution lives under tests/fixtures, and it has no release)."""
+    if lab == "lab0_fixture":
+        assert base == "solution", "the fixture lab's cases start from its solution"
+        return TESTS / "fixtures" / "solutions" / lab / f"{lab}.ipynb"
+    return ROOT / {"solution": "solutions", "release": "labs"}[base] / lab / f"{lab}.ipynb"
 
 
 def hand_in_all(folder: Path, cases: list[Case]) -> Path:
@@ -46,7 +37,7 @@ def hand_in_all(folder: Path, cases: list[Case]) -> Path:
 
 def build(case: Case) -> NotebookNode:
     """The case's notebook: its base with the answers, the added cell and the edit applied."""
-    nb = nbformat.read(BASES[(case.lab, case.base)], as_version=4)
+    nb = nbformat.read(base_notebook(case.lab, case.base), as_version=4)
     for grade_id, source in case.answers.items():
         cell = _cell(nb, grade_id)
         assert cell.metadata["nbgrader"].get("solution"), f"{grade_id} is not an answer cell"
