@@ -29,6 +29,8 @@ cluster.py       LocalCluster: N nodes x M processes on this machine, torchrun +
                  left behind: ClusterResult (cluster_result.py)
 cluster_train.py TRAIN_SCRIPT: DDP training that checkpoints, resumes, survives a killed worker
 job_templates.py JobSpec, rendered as a SLURM sbatch script and a Kubeflow PyTorchJob
+cloud_templates.py  the same JobSpec as a Dockerfile, a `docker run` line, a Vertex AI CustomJob
+                 and GCE VMs in Terraform
 
 Taught in: lessons/04_distributed_fundamentals.ipynb (launch, collectives, cost model),
 lessons/05_multi_gpu_strategies.ipynb (data_parallel, zero) and
@@ -37,6 +39,13 @@ parallelism, cluster and job templates)
 """
 
 from gpulab.distributed.allreduce import ring_all_reduce, tree_all_reduce
+from gpulab.distributed.cloud_templates import (
+    render_docker_run,
+    render_dockerfile,
+    render_gce_terraform,
+    render_vertex_job,
+    vertex_job,
+)
 from gpulab.distributed.cluster import ClusterResult, LocalCluster, NodeResult
 from gpulab.distributed.cluster_train import TRAIN_SCRIPT
 from gpulab.distributed.data_parallel import (
@@ -145,4 +154,6 @@ __all__ = [
     "measured_schedule", "run_pipeline", "split_gpt", "stage_layers", "torch_pipeline",
     "ClusterResult", "InterfaceBytes", "JobSpec", "LocalCluster", "NetnsError", "NodeResult",
     "TRAIN_SCRIPT", "pytorchjob", "render_pytorchjob", "render_sbatch",
+    "render_docker_run", "render_dockerfile", "render_gce_terraform", "render_vertex_job",
+    "vertex_job",
 ]

@@ -17,8 +17,12 @@ Kubeflow (training-operator, kubeflow.org/v1): a Master replica and nodes - 1 Wo
 each a pod whose container must be named "pytorch"; the operator gives the Master pod a Service
 named <name>-master-0, which hosts the rendezvous on the port named "pytorchjob-port".
 spec.nprocPerNode is a string in that API; elasticPolicy appears when min_nodes is set
-(torchrun --nnodes min:max). The YAML is written by hand (block style, strings JSON-quoted,
-which YAML reads as they are), so gpulab needs no YAML library.
+(torchrun --nnodes min:max); shm_gb mounts a memory-backed /dev/shm (a pod's default is 64 MiB,
+too small for DataLoader workers). The YAML is written by hand (block style, strings
+JSON-quoted, which YAML reads as they are), so gpulab needs no YAML library.
+The same JobSpec is rendered for containers and Google Cloud (a Dockerfile, `docker run`, a
+Vertex AI CustomJob, GCE VMs in Terraform) by cloud_templates.py, which alone reads the last
+fields of JobSpec.
 Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb (multi-node launch)
 """
 
@@ -42,16 +46,22 @@ class JobSpec:
     procs_per_node: int  # torchrun processes per node, usually one per GPU
     script: str  # the training script's path on the nodes (shared file system or image)
     args: tuple[str, ...] = ()  # the script's arguments
-    image: str = "pytorch/pytorch:latest"  # container image (PyTorchJob)
+    image: str = "pytorch/pytorch:latest"  # the container image: PyTorchJob, Vertex AI, docker
     gpus_per_node: int = 0  # GPUs per node: --gpus-per-node, nvidia.com/gpu
     cpus_per_node: int | None = None  # CPU cores per node, None: the scheduler's default
     memory_gb: int | None = None  # memory per node in GiB, None: the scheduler's default
-    time_limit: str = "01:00:00"  # SLURM --time (HH:MM:SS)
+    time_limit: str = "01:00:00"  # wall clock (HH:MM:SS): SLURM --time, Vertex AI timeout
     partition: str | None = None  # SLURM partition, None: the cluster's default
     max_restarts: int = 0  # torchrun --max-restarts: worker-group restarts after a failure
     min_nodes: int | None = None  # elastic: run on min_nodes..nodes nodes (None: exactly nodes)
     rdzv_port: int = 29500  # the rendezvous port on the first node / the Master pod
     env: tuple[tuple[str, str], ...] = ()  # extra environment, as (name, value) pairs
+    shm_gb: int | None = None  # /dev/shm per node, GiB (DataLoader workers); None: --ipc=host
+    # Read by cloud_templates.py alone:
+    base_image: str | None = None  # the Dockerfile's FROM (a CUDA build of PyTorch); builds image
+    machine_type: str | None = None  # GCE / Vertex AI machine type, e.g. "a3-highgpu-8g"
+    accelerator: str | None = None  # an n1 machine's GPU ("nvidia-tesla-t4"); else the type's own
+    spot: bool = False  # spot VMs (GCE, Vertex AI): cheaper, stopped when the cloud needs them
 
     def __post_init__(self):
         if isinstance(self.env, Mapping):  # a dict is accepted, kept as pairs (hashable)
@@ -67,6 +77,8 @@ class JobSpec:
                              f"got {self.min_nodes}")
         if not re.fullmatch(r"\d+:\d\d:\d\d", self.time_limit):
             raise ValueError(f"time_limit must look like HH:MM:SS, got {self.time_limit!r}")
+        if self.shm_gb is not None and self.shm_gb < 1:
+            raise ValueError(f"shm_gb is in GiB and at least 1, got {self.shm_gb}")
 
     @property
     def nnodes(self) -> str:
@@ -79,11 +91,27 @@ class JobSpec:
         extra = [("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")] if self.max_restarts else []
         return [*self.env, *extra]
 
-    def torchrun_command(self, endpoint: str, rdzv_id: str) -> list[str]:
-        """The command every node runs, as a list of words."""
+    @property
+    def world_size(self) -> int:
+        """Processes in the whole job (at full size when elastic)."""
+        return self.nodes * self.procs_per_node
+
+    def torchrun_command(self, endpoint: str | None, rdzv_id: str) -> list[str]:
+        """The command every node runs, as a list of words. endpoint None leaves the flag out:
+        torchrun then reads it from PET_RDZV_ENDPOINT, as it reads any flag from PET_<FLAG>."""
+        where = [f"--rdzv-endpoint={endpoint}"] if endpoint is not None else []
         return ["torchrun", f"--nnodes={self.nnodes}", f"--nproc-per-node={self.procs_per_node}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+                "--rdzv-backend=c10d", *where, f"--rdzv-id={rdzv_id}",
                 f"--max-restarts={self.max_restarts}", self.script, *self.args]
+
+    def torchrun_shell_words(self, endpoint: str, rdzv_id: str) -> list[str]:
+        """torchrun_command for a shell script: every word quoted by shlex, except the endpoint
+        and the id, which go in double quotes so the node's shell expands the variables in
+        them ("${head_node}:29500")."""
+        words = [shlex.quote(w) for w in self.torchrun_command("ENDPOINT", "RDZV_ID")]
+        words[words.index("--rdzv-endpoint=ENDPOINT")] = f'--rdzv-endpoint="{endpoint}"'
+        words[words.index("--rdzv-id=RDZV_ID")] = f'--rdzv-id="{rdzv_id}"'
+        return words
 
 
 def render_sbatch(spec: JobSpec) -> str:
@@ -100,12 +128,8 @@ def render_sbatch(spec: JobSpec) -> str:
         directives.append(f"--mem={spec.memory_gb}G")
     if spec.partition:
         directives.append(f"--partition={spec.partition}")
-    # The endpoint and the id are expanded by the shell on the batch host, so they are written
-    # with double quotes; everything else is quoted by shlex.
-    words = [shlex.quote(w) for w in spec.torchrun_command("ENDPOINT", "RDZV_ID")]
-    words[words.index("--rdzv-endpoint=ENDPOINT")] = \
-        f'--rdzv-endpoint="${{head_node}}:{spec.rdzv_port}"'
-    words[words.index("--rdzv-id=RDZV_ID")] = '--rdzv-id="${SLURM_JOB_ID}"'
+    # The shell on the batch host expands the endpoint and the id.
+    words = spec.torchrun_shell_words(f"${{head_node}}:{spec.rdzv_port}", "${SLURM_JOB_ID}")
     program = len(words) - 1 - len(spec.args)  # one line per torchrun flag, then the script
     command = " \\\n    ".join([*words[:program], " ".join(words[program:])])
     lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), "", "set -euo pipefail"]
@@ -133,10 +157,14 @@ def pytorchjob(spec: JobSpec) -> dict:
         container["env"] = [{"name": n, "value": v} for n, v in spec.environment()]
     if limits:
         container["resources"] = {"limits": limits}
+    pod: dict[str, object] = {"containers": [container]}
+    if spec.shm_gb:  # a memory-backed volume over /dev/shm, which is 64 MiB in a pod
+        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        pod["volumes"] = [{"name": "dshm",
+                           "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_gb}Gi"}}]
 
     def replicas(count: int) -> dict:
-        return {"replicas": count, "restartPolicy": "OnFailure",
-                "template": {"spec": {"containers": [container]}}}
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": pod}}
 
     replica_specs = {"Master": replicas(1)}
     if spec.nodes > 1:
