@@ -356,11 +356,14 @@ object.__setattr__(PRESETS["tiny"], "n_layer", 1)
 ]
 
 # Lab 4's diagnosis is compared with numbers the grader measured outside the kernel: a scenario
-# edited in place, with answers measured on it, voids the tests from there on.
+# edited in place, with answers measured on it, voids the tests from there on. It starts from
+# the release: the void takes every part after the first, so the solution's training would
+# cost a minute for nothing more.
 LAB4_ZERO = dict.fromkeys(LAB4_FULL, 0.0)
 LAB4_DATA = [
     Case("lab4_scenario_edit", "the OOM scenario's model edited in place (one Block), Part A1 "
-         "answered from its peak", lab="lab4_memory_and_profiling", answers={"diagnosis": '''
+         "answered from its peak", lab="lab4_memory_and_profiling", base="release",
+         answers={"diagnosis": '''
 import sys
 
 from gpulab.memory.measure import measure_step
