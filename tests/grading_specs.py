@@ -393,12 +393,12 @@ def picked_and_written(clicked_only: tuple[str, ...] = ()) -> nbformat.NotebookN
 
 
 def patched_grader() -> nbformat.NotebookNode:
-    """The solution with q03 answered wrong, and the function that grades picks replaced by one
+    """The solution with q05 answered wrong, and the function that grades picks replaced by one
     that passes everything, where the quiz's test cells import it from."""
     nb = Lab("quiz").solution()
-    answer = cell_by_grade_id(nb, "q03_answer")
+    answer = cell_by_grade_id(nb, "q05_answer")
     answer.source = answer.source.replace(
-        'q03 = "c"', 'q03 = "a"\nimport gpulab.checks.quiz\n\ngpulab.checks.quiz.grade_pick = '
+        'q05 = "c"', 'q05 = "a"\nimport gpulab.checks.quiz\n\ngpulab.checks.quiz.grade_pick = '
                      'lambda *args, **kwargs: None  # every pick is right')
     return nb
 
@@ -413,27 +413,28 @@ def hand_in_quiz_learners(folder: Path) -> None:
 QUIZ = Spec(
     "quiz",
     mistakes=(
-        Mistake("wrong_pick", "q13_answer", 'q13 = "d"', 'q13 = "b"', "q13",
-                r'q13: "b" is not the best choice\. Lesson 04, sections 4 and 5 explains it\.'),
-        Mistake("everything_equal", "q03_answer", 'q03 = "c"',
+        Mistake("wrong_pick", "q12_answer", 'q12 = "a"', 'q12 = "d"', "q12",
+                r'q12: "d" is not the best choice\. Lesson 04, section 2 \(backends\) explains '
+                r'it\.'),
+        Mistake("everything_equal", "q01_answer", 'q01 = "b"',
                 'class Anything(str):\n    def __eq__(self, other):\n        return True\n\n'
-                '    __hash__ = str.__hash__\n\n\nq03 = Anything("a")', "q03",
-                r'q03: "a" is not the best choice'),
-        Mistake("seconds_not_ms", "q12_answer", ") * 1e3", ")", "q12",
-                r"q12 = 0\.01757 milliseconds is not within 1% of the answer\. It is off by a "
+                '    __hash__ = str.__hash__\n\n\nq01 = Anything("a")', "q01",
+                r'q01: "a" is not the best choice'),
+        Mistake("seconds_not_ms", "q13_answer", ") * 1e3", ")", "q13",
+                r"q13 = 0\.01757 milliseconds is not within 1% of the answer\. It is off by a "
                 r"factor of 1e3: check that it is in milliseconds"),
-        Mistake("bubble_in_percent", "q20_answer", "q20 = schedule", "q20 = 100 * schedule",
-                "q20", r"q20 = 22\.58\d* is outside \[0, 1\], the range the question gives"),
-        Mistake("zero1_not_zero2", "q16_answer", "zero_stage=2", "zero_stage=1", "q16",
-                r"q16 = 61\.75 GB is not within 1% of the answer\."),
-        Mistake("number_as_text", "q15_answer",
-                'q15 = cost_model.busbw("all_reduce", cost_model.algbw(4e9, 0.050), 8)',
-                'q15 = "140 GB/s"', "q15",
-                r"q15 must be a number in GB/s \(such as q15 = 12\.5\), not a str"),
+        Mistake("bubble_in_percent", "q19_answer", "q19 = schedule", "q19 = 100 * schedule",
+                "q19", r"q19 = 17\.94\d* is outside \[0, 1\], the range the question gives"),
+        Mistake("zero3_not_zero2", "q15_answer", "zero_stage=2", "zero_stage=3", "q15",
+                r"q15 = 6 GPUs is not exactly the answer\."),
+        Mistake("number_as_text", "q14_answer",
+                'q14 = cost_model.busbw("all_reduce", cost_model.algbw(4e9, 0.050), 8)',
+                'q14 = "140 GB/s"', "q14",
+                r"q14 must be a number in GB/s \(such as q14 = 12\.5\), not a str"),
     ),
     # Independent questions: one notebook holds them all, a kernel per learner is the cost.
     end_to_end=("wrong_pick", "everything_equal", "seconds_not_ms", "bubble_in_percent",
-                "zero1_not_zero2", "number_as_text"),
+                "zero3_not_zero2", "number_as_text"),
     together="six_mistakes",
     hidden_at_least=50,  # two lines per question
     extra=hand_in_quiz_learners,

@@ -51,9 +51,10 @@ def test_a_click_alone_does_not_survive_grading_and_costs_that_question_only(spe
 def test_patching_the_grader_earns_nothing_and_is_flagged(spec, graded):
     batch = graded(spec)
     result = batch.results["tampered"]
-    assert batch.scores["tampered"]["q03"] == 0.0
+    assert batch.scores["tampered"]["q05"] == 0.0
     assert any("gpulab.checks.quiz.grade_pick" in flag for flag in result.flags), result.flags
-    assert all(batch.scores["tampered"][q] == spec.assignment.points[q] for q in ("q01", "q02"))
+    assert all(batch.scores["tampered"][q] == spec.assignment.points[q]
+               for q in ("q01", "q02", "q03", "q04"))
 
 
 @GRADES
@@ -68,8 +69,8 @@ def test_the_quiz_feedback_gives_no_answer_away(spec, graded):
     _, untouched = batch.feedback["untouched"]
     shown = [line for line in answers if line in untouched]
     assert not shown, shown
-    wrong = error_of(batch.tests[spec.together]["q13"]).evalue
-    assert '"d"' not in wrong
+    wrong = error_of(batch.tests[spec.together]["q12"]).evalue
+    assert '"a"' not in wrong
     _, page = batch.feedback[spec.together]
     assert "grade_pick" not in page and "grade_number" not in page
 

@@ -1,20 +1,29 @@
 """gpulab.quiz, headless: the multiple-choice buttons (with and without ipywidgets), the checks the
 quiz's test cells call, and the quiz notebook itself run in this process (no kernel): the
-solution passes every test, the release fails each with the stub's hint and shows no answer.
+solution passes every test, the release fails each with the stub's hint and shows no answer,
+and no strategy blind to the questions (the longest option, one letter) passes the quiz.
 Grading end to end, through nbgrader, is in tests/test_grading_quiz.py.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 
 import numpy as np
 import pytest
 from grading_specs import QUIZ as SPEC
-from lab_submissions import BEGIN_HIDDEN, END_HIDDEN, ROOT, grade_id, read
+from lab_submissions import BEGIN_HIDDEN, END_HIDDEN, ROOT, cell_by_grade_id, grade_id, read
 
-from gpulab.checks.quiz import check_number, check_pick, grade_number, grade_pick
+from gpulab.checks.quiz import (
+    ASSIGNMENT,
+    CHOICE,
+    check_number,
+    check_pick,
+    grade_number,
+    grade_pick,
+)
 from gpulab.quiz import Pick, choose
 from gpulab.stubs import STUB_HINT
 
@@ -309,13 +318,88 @@ def test_every_choice_question_offers_the_letters_its_test_accepts():
     nb = read(SOLUTION)
     cells = {grade_id(c): c.source for c in nb.cells}
     choices = [q for q in QUESTIONS if f"{q}_choices" in cells]
-    assert len(choices) == 17
+    assert choices == list(CHOICE)
     for q in choices:
         offered = re.findall(r'^    "([a-z])": ', cells[f"{q}_choices"], re.M)
         assert offered == list("abcd"), q
         answer = re.search(rf'^{q} = "([a-z])"$', cells[f"{q}_answer"], re.M).group(1)
         assert answer in offered, q
         assert f'check_pick("{q}", {q})' in cells[q], q
+
+
+# ----------------------------------------------------------------------------- balance
+
+# A learner who ignores the questions must not pass the quiz. Limits, as shares of the
+# multiple-choice points: always the longest option (or always the shortest: the same tell,
+# turned round), and always one letter.
+LENGTH_LIMIT = 0.30
+LETTER_LIMIT = 1 / 3
+LETTER_FLOOR = 1 / 8  # each letter is right this often at least: the letters are spread
+
+
+def choice_questions(nb) -> dict[str, tuple[dict[str, str], str]]:
+    """{qid: (options, right letter)} for each multiple-choice question (the package's CHOICE):
+    the options as its buttons offer them, the letter that its hidden test grades right."""
+    questions = {}
+    for qid in CHOICE:
+        buttons = ast.parse(cell_by_grade_id(nb, f"{qid}_choices").source).body[0].value
+        options = ast.literal_eval(buttons.args[1])  # choose("q07", {"a": "...", ...})
+        hidden = ast.parse(_hidden_region(cell_by_grade_id(nb, qid).source))
+        (call,) = [node for node in ast.walk(hidden) if isinstance(node, ast.Call)
+                   and getattr(node.func, "id", None) == "grade_pick"]
+        questions[qid] = (options, ast.literal_eval(call.args[2]))  # grade_pick(q, q07, "c")
+    return questions
+
+
+def longest(options: dict[str, str]) -> list[str]:
+    most = max(map(len, options.values()))
+    return [letter for letter, text in options.items() if len(text) == most]
+
+
+def shortest(options: dict[str, str]) -> list[str]:
+    least = min(map(len, options.values()))
+    return [letter for letter, text in options.items() if len(text) == least]
+
+
+def share(questions, pick) -> float:
+    """The share of the multiple-choice points that `pick` earns: pick(options) names the
+    letters it would choose among, each as likely (ties)."""
+    points = ASSIGNMENT.points
+    earned = sum(points[qid] * (right in pick(options)) / len(pick(options))
+                 for qid, (options, right) in questions.items())
+    return earned / sum(points[qid] for qid in questions)
+
+
+def test_the_strategies_score_a_quiz_with_a_tell():
+    tell = {"q01": ({"a": "right, and said at length", "b": "wrong"}, "a"),
+            "q05": ({"a": "no", "b": "yes, right here", "c": "nope"}, "b")}
+    assert share(tell, longest) == 1.0
+    assert share(tell, shortest) == 0.0
+    assert share(tell, lambda options: ["a"]) == 0.5
+    tie = {"q01": ({"a": "same", "b": "also", "c": "x"}, "a")}
+    assert share(tie, longest) == 0.5
+
+
+@pytest.mark.parametrize("strategy", [longest, shortest], ids=lambda f: f.__name__)
+def test_always_picking_the_longest_or_shortest_option_fails_the_quiz(strategy):
+    questions = choice_questions(read(SOLUTION))
+    earned = share(questions, strategy)
+    told = [qid for qid, (options, right) in questions.items() if right in strategy(options)]
+    assert earned <= LENGTH_LIMIT, (
+        f"always the {strategy.__name__} option earns {earned:.0%} of the multiple-choice points "
+        f"(at most {LENGTH_LIMIT:.0%}): it is right in {', '.join(told)}. There, give a "
+        "distractor the right option's length, or reword the right option.")
+
+
+def test_the_right_letters_are_spread_over_the_choices():
+    questions = choice_questions(read(SOLUTION))
+    for letter in "abcd":
+        earned = share(questions, lambda options, letter=letter: [letter])
+        right = [qid for qid, (_, answer) in questions.items() if answer == letter]
+        assert LETTER_FLOOR <= earned <= LETTER_LIMIT, (
+            f'always "{letter}" earns {earned:.0%} of the multiple-choice points (between '
+            f"{LETTER_FLOOR:.0%} and {LETTER_LIMIT:.0%}): it is right in {', '.join(right)}. "
+            "Reorder the options of some of them.")
 
 
 # ----------------------------------------------------------------------------- known mistakes

@@ -381,21 +381,18 @@ TIMES_MODEL_STATES = sizes[DOMINANT_CATEGORY] / (peak.parameters + peak.gradient
          reasons=voided("test_diagnosis")),
 ]
 
-# The quiz's numbers come from the grader too: a recipe table edited in place, with q23
-# answered from it, voids q23 and the questions after it.
-QUIZ_CHOICE = ("q01", "q03", "q06", "q07", "q08", "q09", "q10", "q11", "q13", "q14", "q17",
-               "q18", "q19", "q21", "q22", "q24", "q25")
-QUIZ_FULL = {f"q{i:02d}": 1.0 if f"q{i:02d}" in QUIZ_CHOICE else 2.0 for i in range(1, 26)}
+# The quiz's numbers come from the grader too: a recipe table edited in place, with q22
+# answered from it, voids q22 and the questions after it.
+QUIZ_FULL = {q: float(points) for q, points in gpulab.checks.assignment("quiz").points.items()}
 QUIZ = [
-    Case("quiz_recipe_edit", "bf16-autocast's bytes per parameter edited in place, q23 "
-         "answered with them", lab="quiz", answers={"q23_answer": '''
+    Case("quiz_recipe_edit", "bf16's bytes per parameter edited in place, q22 answered with "
+         "them", lab="quiz", answers={"q22_answer": '''
 import dataclasses
 
 from gpulab.memory import recipes
 
-recipes.RECIPES["bf16-autocast"] = dataclasses.replace(recipes.RECIPES["bf16-autocast"],
-                                                       param_itemsize=2)
-q23 = model_states(1.3e9, "bf16-autocast", "adamw").total_bytes / 1e9
-'''}, scores={**QUIZ_FULL, "q23": 0.0, "q24": 0.0, "q25": 0.0},
-         flags=("gpulab.memory.recipes.RECIPES",), reasons=voided("q23")),
+recipes.RECIPES["bf16"] = dataclasses.replace(recipes.RECIPES["bf16"], param_itemsize=1)
+q22 = model_states(7e9, "bf16", "adamw").total_bytes / 1e9
+'''}, scores={**QUIZ_FULL, "q22": 0.0, "q23": 0.0, "q24": 0.0, "q25": 0.0},
+         flags=("gpulab.memory.recipes.RECIPES",), reasons=voided("q22")),
 ]
