@@ -41,11 +41,11 @@ def partition_parameters(numels: list[int], world_size: int) -> list[list[int]]:
 
     Greedy: the largest parameter first, each to the rank with the fewest elements so far (ties:
     lowest index, lowest rank), so every rank computes the same partition without talking.
-    Whole parameters, not a flat buffer cut into equal slices (DeepSpeed, FSDP): the inner
-    optimizer stays a plain torch optimizer over ordinary tensors, so any optimizer works, even
-    one that looks at a whole matrix (LAMB's trust ratio, Shampoo, Muon). The price: shards are
-    only as even as the largest parameter allows, and with more ranks than parameters some
-    ranks own nothing.
+    Whole parameters, not a flat buffer cut into equal slices (DeepSpeed, FSDP1) nor each
+    parameter cut along dim 0 (FSDP2's DTensor shards): the inner optimizer stays a plain torch
+    optimizer over ordinary whole tensors, so any optimizer works, even one that looks at a whole
+    matrix (LAMB's trust ratio, Shampoo, Muon). The price: shards are only as even as the largest
+    parameter allows, and with more ranks than parameters some ranks own nothing.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
