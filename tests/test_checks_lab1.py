@@ -1,6 +1,7 @@
 """Lab 1's checkers pass a correct kernel and fail, with the message that teaches, on the known
-wrong ones a learner writes: an off-by-one guard, no grid-stride loop, swapped indices, a missing
-barrier, a wrong tile index, no atomics, gpulab's own kernel handed in."""
+wrong ones a learner writes: an off-by-one guard, no grid-stride loop, a start index without the
+block, a stride longer than the grid, swapped indices, a missing barrier, a wrong tile index, no
+atomics, gpulab's own kernel handed in."""
 
 import re
 import sys
@@ -59,6 +60,44 @@ def saxpy_swapped(out, a, x, y):
         out[i] = a * y[i] + x[i]
 
 
+@cuda.jit
+def saxpy_start_thread_only(out, a, x, y):
+    i = cuda.threadIdx.x  # the block left out: every block starts at element 0
+    while i < out.size:
+        out[i] = a * x[i] + y[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def saxpy_start_thread_only_one_pass(out, a, x, y):
+    i = cuda.threadIdx.x
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+@cuda.jit
+def saxpy_stride_too_long(out, a, x, y):
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = a * x[i] + y[i]
+        i += 2 * cuda.gridsize(1)
+
+
+@cuda.jit
+def saxpy_stops_early(out, a, x, y):
+    i = cuda.grid(1)
+    while i < out.size - 1:
+        out[i] = a * x[i] + y[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def saxpy_writes_nothing(out, a, x, y):
+    i = cuda.grid(1)
+    if i > out.size:
+        out[i] = a * x[i] + y[i]
+
+
 def test_saxpy_passes_a_correct_kernel():
     lab1.check_saxpy(saxpy, sizes=[1, 64, 1000])
 
@@ -70,7 +109,8 @@ def test_saxpy_catches_an_off_by_one_guard():
 
 def test_saxpy_catches_a_missing_grid_stride_loop():
     blocks, tpb = lab1_config.GRID
-    with pytest.raises(AssertionError, match=rf"Only out\[0:{blocks * tpb}\] was written"
+    with pytest.raises(AssertionError, match=rf"^Only out\[0:{blocks * tpb}\] was written: the "
+                                             rf"grid has {blocks} blocks x {tpb} threads"
                                              r".*cuda\.gridsize\(1\)"):
         lab1.check_saxpy(saxpy_one_pass, sizes=[5000])
 
@@ -83,6 +123,46 @@ def test_saxpy_without_the_loop_passes_when_the_grid_covers_n():
 def test_saxpy_names_swapped_operands():
     with pytest.raises(AssertionError, match="x and y are swapped"):
         lab1.check_saxpy(saxpy_swapped, sizes=[100])
+
+
+def test_saxpy_names_a_start_index_without_the_block():
+    """i = cuda.threadIdx.x: the blocks overlap. The hint is about the start, not the stride."""
+    blocks, tpb = lab1_config.GRID
+    grid = blocks * tpb
+    with pytest.raises(AssertionError) as error:
+        lab1.check_saxpy(saxpy_start_thread_only, sizes=[5000])
+    assert re.match(rf"Only out\[0:{tpb}\], out\[{grid}:{grid + tpb}\], \.\.\. were written: "
+                    rf"all {blocks} blocks wrote the same {tpb} elements\. Start at "
+                    r"i = cuda\.grid\(1\) .*not cuda\.threadIdx\.x\.", str(error.value))
+    assert "gridsize" not in str(error.value), "the stride was right: no word about it"
+
+
+def test_saxpy_names_the_start_index_and_the_loop_when_both_are_missing():
+    blocks, tpb = lab1_config.GRID
+    with pytest.raises(AssertionError, match=rf"^Only out\[0:{tpb}\] was written: all {blocks} "
+                                             rf"blocks wrote the same {tpb} elements\. Start at "
+                                             r"i = cuda\.grid\(1\).*not cuda\.threadIdx\.x, "
+                                             r"and step by cuda\.gridsize\(1\)"):
+        lab1.check_saxpy(saxpy_start_thread_only_one_pass, sizes=[5000])
+
+
+def test_saxpy_names_a_stride_longer_than_the_grid():
+    grid = lab1_config.GRID[0] * lab1_config.GRID[1]
+    with pytest.raises(AssertionError, match=rf"^out\[{grid}:{2 * grid}\] was never written: "
+                                             rf"each thread stepped by {2 * grid}, not by the "
+                                             rf"grid's {grid} threads"):
+        lab1.check_saxpy(saxpy_stride_too_long, sizes=[5000])
+
+
+def test_saxpy_names_a_loop_that_stops_early():
+    with pytest.raises(AssertionError, match=r"^Only out\[0:999\] of 1000 elements was written: "
+                                             r"the loop stopped early"):
+        lab1.check_saxpy(saxpy_stops_early, sizes=[1000])
+
+
+def test_saxpy_says_when_nothing_was_written():
+    with pytest.raises(AssertionError, match=r"^No element of out was written"):
+        lab1.check_saxpy(saxpy_writes_nothing, sizes=[100])
 
 
 def test_gpulab_kernels_earn_no_points():
