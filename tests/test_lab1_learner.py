@@ -14,6 +14,7 @@ from nbclient import NotebookClient
 
 import gpulab.checks
 from autograder.profiles import get_profile
+from gpulab.self_check import GRADING_VARIABLE
 
 pytestmark = pytest.mark.lab1
 
@@ -37,8 +38,11 @@ def executed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("learner")
     client = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(folder)}})
-    # The cpu runner's kernel environment, whatever machine runs this test.
-    client.execute(env=get_profile("cpu").kernel_env(os.environ))
+    # The cpu runner's kernel environment, whatever machine runs this test, as a learner has it:
+    # not grading, so the lab's progress cell checks the parts.
+    env = get_profile("cpu").kernel_env(os.environ)
+    del env[GRADING_VARIABLE]
+    client.execute(env=env)
     return nb
 
 
@@ -107,3 +111,17 @@ def test_the_performance_report_shows_what_is_written_and_names_the_rest(execute
     for name in ("block_sum", "transpose", "matmul_tiled", "histogram", "stencil", "block_scan"):
         assert f"{name:<14}not traced (NotImplementedError" in text, name
 
+
+
+def test_the_ready_progress_cell_shows_part_1_passing_and_the_rest_not_started(executed):
+    (cell,) = [c for c in executed.cells if c.get("id") == "progress"]
+    assert not errors(cell), errors(cell)[0].evalue if errors(cell) else ""
+    # The report, beside tqdm's bar as it went part by part.
+    (table,) = [out.data["text/plain"] for out in cell.outputs if out.output_type ==
+                "display_data" and out.data["text/plain"].startswith("lab1_cuda_kernels:")]
+    parts = len(gpulab.checks.assignment("lab1_cuda_kernels").parts)
+    assert table.startswith(f"lab1_cuda_kernels: 1 of {parts} parts pass their visible tests")
+    rows = {line.split()[0]: line for line in table.splitlines()[2:] if line[:1] != " "}
+    assert rows["saxpy"].endswith("pass")
+    assert [name for name, row in rows.items() if row.endswith("not started")] == [
+        name for name in rows if name != "saxpy"]
