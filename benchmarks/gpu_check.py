@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         steps = plan(Path(scratch), tuple(args.only))
         if args.dry_run:
-            print(f"dry run: {len(steps)} steps, nothing run, no report written "
-                  f"({gpus} NVIDIA GPU(s) here)")
+            print(f"dry run: {len(steps)} step{'s' * (len(steps) != 1)}, nothing run, "
+                  f"no report written ({gpus} NVIDIA GPU(s) here)")
             for step in steps:
                 print(f"  {step.name} (limit {step.limit_s} s): {' '.join(step.command)}")
             return 0

@@ -43,6 +43,13 @@ def test_a_dry_run_lists_the_steps_and_runs_nothing():
     assert "--nbval-lax lessons" in done.stdout and "benchmarks/run.py kernels" in done.stdout
 
 
+def test_make_gpu_check_runs_the_check():
+    done = subprocess.run(["make", "gpu-check", "GPU_CHECK_ARGS=--dry-run --only gpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dry run: 1 step, nothing run" in done.stdout
+
+
 @NO_GPU
 def test_without_a_gpu_it_says_so_and_writes_no_report(tmp_path):
     done = check("--output", str(tmp_path / "report.md"))

@@ -74,6 +74,7 @@ EXERCISED = {
     "make doctor": "test_make_targets_are_defined",
     "make bench": "test_bench_runs_quick",
     "make lint": "test_lint_is_clean",
+    "make gpu-check": "tests/test_gpu_check.py::test_make_gpu_check_runs_the_check",
     # The instructors' commands, run end to end by the autograder and lab grading tests.
     "python -m autograder release": "tests/test_autograder_release.py",
     "python -m autograder grade": "tests/grading_checks.py, tests/test_autograder_parallel.py",
