@@ -29,6 +29,7 @@ __all__ = ["DTYPES", "GPUS", "PCIE_X16_GBPS", "GPUSpec", "dtype_key", "get_gpu",
            "elementwise_intensity", "gemm_flops_bytes", "gemm_intensity", "layernorm_flops_bytes",
            "layernorm_intensity", "softmax_flops_bytes", "softmax_intensity", "Waves", "waves",
            "gemm_tiles", "tile_utilization", "gemm_waves", "MeasuredRoofline", "measure_roofline",
+           "TimedOp", "time_ops",
            "this_machine"]
 
 # Bytes per element in memory. tf32 is a tensor-core math mode: its operands are stored as fp32.
@@ -195,7 +196,7 @@ class MeasuredRoofline:
     name: str  # e.g. "this CPU (measured)"
     device: str  # the torch device type it was measured on
     bandwidth_gbps: float  # best large-copy bandwidth, GB/s (bytes read + bytes written)
-    fp32: float  # best fp32 matmul, TFLOP/s
+    fp32: float | None = None  # best fp32 matmul, TFLOP/s; None when not measured
     bf16: float | None = None  # best bf16 matmul, TFLOP/s; None when not measured
     measured: bool = True  # plots label it as a measurement
 
@@ -247,6 +248,62 @@ def measure_roofline(device: str = "cpu", dtypes=("fp32",), copy_mb: int | None 
     return MeasuredRoofline(name=f"{name} (measured)", device=device,
                             bandwidth_gbps=bandwidth_gbps, fp32=peaks["fp32"],
                             bf16=peaks.get("bf16"))
+
+
+@dataclass(frozen=True)
+class TimedOp:
+    """One op timed by time_ops: its work and its best run."""
+
+    label: str
+    flops: float
+    n_bytes: float
+    time_s: float  # the best run: other programs can only make a run slower
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.n_bytes
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time_s / 1e12
+
+    @property
+    def gbps(self) -> float:
+        return self.n_bytes / self.time_s / 1e9
+
+
+def time_ops(ops: dict, device: str = "cpu", dtype: str = "fp32", rounds: int = 3,
+             copy_mb: int | None = None) -> tuple[list[TimedOp], MeasuredRoofline]:
+    """Time `ops` (label -> (fn, FLOPs, bytes moved)) and this machine's ceilings together: a
+    large copy and every op in turn, round after round, each keeping its best run. The roofs
+    are the best the machine showed in those same moments: the bandwidth of the copy or of any
+    op, whichever is higher, and the FLOP/s of the fastest op (give it a large matmul). Ceilings
+    measured at another moment than the ops can sit below them on a busy machine (an op "at
+    733% of its bound"); measured together, no op lands above its own roof."""
+    import torch
+
+    from gpulab.timing import benchmark
+
+    on_gpu = device == "cuda"
+    if dtype_key(dtype) not in ("fp32", "bf16"):
+        raise ValueError(f"time_ops measures fp32 or bf16 ceilings, not {dtype_key(dtype)}")
+    copy_mb = copy_mb or (1024 if on_gpu else 128)
+    src = torch.empty(copy_mb * 2**20 // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best_copy_s, best = float("inf"), dict.fromkeys(ops, float("inf"))
+    for _ in range(rounds):
+        best_copy_s = min(best_copy_s, benchmark(dst.copy_, src, warmup=1, repeat=2,
+                                                 cuda=on_gpu).min_s)
+        for label, (fn, _, _) in ops.items():
+            best[label] = min(best[label], benchmark(fn, warmup=1, repeat=2, cuda=on_gpu).min_s)
+    timed = [TimedOp(label, flops, n_bytes, best[label])
+             for label, (_, flops, n_bytes) in ops.items()]
+    bandwidth = max([2 * src.nbytes / best_copy_s / 1e9, *(op.gbps for op in timed)])
+    peak = max(op.tflops for op in timed)
+    name = torch.cuda.get_device_name() if on_gpu else "this CPU"
+    roof = MeasuredRoofline(name=f"{name} (measured)", device=device, bandwidth_gbps=bandwidth,
+                            **{dtype_key(dtype): peak})
+    return timed, roof
 
 
 def this_machine(device: str | None = None):

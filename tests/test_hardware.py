@@ -285,3 +285,22 @@ def test_this_machine_on_cpu_is_measured(monkeypatch):
 def test_every_dtype_column_is_a_spec_field():
     assert set(DTYPES) <= set(GPUSpec.__dataclass_fields__)
     assert all(re.fullmatch(r"[a-z0-9]+", d) for d in DTYPES)
+
+
+def test_time_ops_keeps_every_op_under_the_roofs_measured_with_it():
+    """An elementwise add and matmuls timed with the ceilings, round after round: each op's
+    efficiency is at most 100% of its own bound, and the largest matmul sets the flat roof."""
+    n = 1 << 20
+    a, b, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    ops = {"a + b": (lambda: torch.add(a, b, out=out), n, 3 * a.nbytes)}
+    for size in (32, 256):
+        x = torch.randn(size, size)
+        ops[f"matmul {size}"] = (lambda x=x: x @ x, *hw.gemm_flops_bytes(size, size, size, "fp32"))
+    timed, roof = hw.time_ops(ops, dtype="fp32", rounds=2, copy_mb=8)
+    assert [op.label for op in timed] == list(ops)
+    assert roof.measured and roof.bf16 is None and roof.fp32 == max(op.tflops for op in timed)
+    for op in timed:
+        assert hw.bound(op.flops, op.n_bytes, roof, "fp32").efficiency(op.time_s) <= 1 + 1e-9
+    assert roof.bandwidth_gbps >= timed[0].gbps
+    with pytest.raises(ValueError, match="fp8"):
+        hw.time_ops(ops, dtype="fp8")
