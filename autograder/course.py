@@ -157,10 +157,11 @@ def nbgrader_config(grading_root: Path, lab: str, student_id: str = "*", **extra
 def prepare_nbgrader(log_level: int = logging.WARNING) -> None:
     """Make this process ready to call nbgrader's converters and gradebook.
 
-    nbgrader runs the `alembic` command (to stamp a new gradebook) by name, so the folder of
-    this interpreter's scripts must be on PATH even when the virtual environment is not
-    activated (`.venv/bin/python -m autograder`). And nbgrader logs every file it copies at
-    INFO: the CLI prints its own one-line summaries instead.
+    nbgrader stamps each new gradebook with the revision `alembic heads` prints, from a
+    subprocess it runs by name: here the revision is read in this process instead, and the
+    folder of this interpreter's scripts still goes on PATH for anything else nbgrader starts by
+    name while the virtual environment is not activated (`.venv/bin/python -m autograder`). And
+    nbgrader logs every file it copies at INFO: the CLI prints its own one-line summaries.
     """
     scripts = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
@@ -170,9 +171,8 @@ def prepare_nbgrader(log_level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(log_level)
     import nbgrader.api
 
-    # nbgrader stamps each new gradebook with its schema's revision, which it asks of a
-    # subprocess (`alembic heads`, 3 to 10 s): once per graded submission, as each worker makes
-    # a gradebook of its own. The same revision, read from the same scripts in this process.
+    # The subprocess costs 3 to 10 s for every new gradebook (a grading root, a release's
+    # throwaway root, each run's generated lab); the same revision, from the same scripts.
     nbgrader.api.get_alembic_version = gradebook_schema_revision
     # nbgrader's Gradebook.add_submission builds rows in a way SQLAlchemy 2 warns about at
     # every new submission; the rows are right, and the warning is noise to an instructor.
