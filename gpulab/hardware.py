@@ -16,6 +16,7 @@ Taught in: lessons/01_gpu_architecture.ipynb
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -212,6 +213,17 @@ class MeasuredRoofline:
 MATMUL_BUDGET_S = 0.25  # measure_roofline: no larger matmul once one takes this long
 
 
+def large_copy(device: str = "cpu", copy_mb: int | None = None):
+    """(a call that copies copy_mb MB, the bytes it moves): the ceilings' bandwidth probe. Each
+    byte is read once and written once; the default size is well past most machines' caches."""
+    import torch
+
+    copy_mb = copy_mb or (1024 if device == "cuda" else 128)
+    src = torch.empty(copy_mb * 2**20 // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    return functools.partial(dst.copy_, src), 2 * src.nbytes
+
+
 def measure_roofline(device: str = "cpu", dtypes=("fp32",), copy_mb: int | None = None,
                      matmul_n: int | None = None) -> MeasuredRoofline:
     """Measure this machine's ceilings with torch: the bandwidth of a large copy, and the best
@@ -225,12 +237,9 @@ def measure_roofline(device: str = "cpu", dtypes=("fp32",), copy_mb: int | None 
     from gpulab.timing import benchmark
 
     on_gpu = device == "cuda"
-    copy_mb = copy_mb or (1024 if on_gpu else 128)  # well past the caches of most machines
     matmul_n = matmul_n or (8192 if on_gpu else 2048)  # big enough to reach the peak
-    src = torch.empty(copy_mb * 2**20 // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    t = benchmark(dst.copy_, src, warmup=2, repeat=5, cuda=on_gpu)
-    bandwidth_gbps = 2 * src.nbytes / t.min_s / 1e9  # each byte is read once and written once
+    copy, moved = large_copy(device, copy_mb)
+    bandwidth_gbps = moved / benchmark(copy, warmup=2, repeat=5, cuda=on_gpu).min_s / 1e9
     torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     keys = {dtype_key(d) for d in dtypes} | {"fp32"}
     if not keys <= torch_dtypes.keys():
@@ -287,18 +296,15 @@ def time_ops(ops: dict, device: str = "cpu", dtype: str = "fp32", rounds: int = 
     on_gpu = device == "cuda"
     if dtype_key(dtype) not in ("fp32", "bf16"):
         raise ValueError(f"time_ops measures fp32 or bf16 ceilings, not {dtype_key(dtype)}")
-    copy_mb = copy_mb or (1024 if on_gpu else 128)
-    src = torch.empty(copy_mb * 2**20 // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
+    copy, moved = large_copy(device, copy_mb)
     best_copy_s, best = float("inf"), dict.fromkeys(ops, float("inf"))
     for _ in range(rounds):
-        best_copy_s = min(best_copy_s, benchmark(dst.copy_, src, warmup=1, repeat=2,
-                                                 cuda=on_gpu).min_s)
+        best_copy_s = min(best_copy_s, benchmark(copy, warmup=1, repeat=2, cuda=on_gpu).min_s)
         for label, (fn, _, _) in ops.items():
             best[label] = min(best[label], benchmark(fn, warmup=1, repeat=2, cuda=on_gpu).min_s)
     timed = [TimedOp(label, flops, n_bytes, best[label])
              for label, (_, flops, n_bytes) in ops.items()]
-    bandwidth = max([2 * src.nbytes / best_copy_s / 1e9, *(op.gbps for op in timed)])
+    bandwidth = max([moved / best_copy_s / 1e9, *(op.gbps for op in timed)])
     peak = max(op.tflops for op in timed)
     name = torch.cuda.get_device_name() if on_gpu else "this CPU"
     roof = MeasuredRoofline(name=f"{name} (measured)", device=device, bandwidth_gbps=bandwidth,
