@@ -6,6 +6,7 @@
     lab.with_mistake(mistake)            the solution with one part broken the way learners do
     lab.hand_in(folder, "ada", nb)       folder/ada/<lab>.ipynb, as a learner hands it in
     run_in_process(nb, "test_saxpy")     what that test cell raises when nb's cells run here
+    fails(check, kernel, "teaching")     the checker rejects a known-wrong kernel, teaching so
 
 Each mistake is a string replacement in one answer cell, found by its nbgrader grade_id. The
 replaced text must occur exactly once: when the lab's solution changes, building the submission
@@ -189,3 +190,13 @@ class Lab:
                 elif inside and line.strip():
                     lines.append(line.strip())
         return lines
+
+
+def fails(check, kernel, match: str) -> str:
+    """check(kernel) raises an AssertionError whose message matches `match`; the message."""
+    import pytest
+
+    with pytest.raises(AssertionError) as error:
+        check(kernel)
+    assert re.search(match, str(error.value), re.S), str(error.value)
+    return str(error.value)

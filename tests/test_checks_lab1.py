@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 from grading_specs import LAB1 as SPEC
+from lab_submissions import fails
 from numba import cuda, float32
 
 import gpulab
@@ -308,13 +309,6 @@ def test_transpose_on_a_square_within_one_tile_still_needs_the_column():
 # Technique (tests/test_checks_lab1_technique.py has the other parts'): the simulator's trace.
 TRACED = pytest.mark.skipif(not gpulab.runner.simulator,
                             reason="the trace is the cpu runner's evidence")
-
-
-def fails(check, kernel, match: str) -> str:
-    with pytest.raises(AssertionError) as error:
-        check(kernel)
-    assert re.search(match, str(error.value), re.S), str(error.value)
-    return str(error.value)
 
 
 @cuda.jit
