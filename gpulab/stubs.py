@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dis
 import inspect
+import traceback
 
 # What a learner reads wherever a stub was called (the checkers, the quiz, progress()).
 STUB_HINT = "Replace `raise NotImplementedError()` with your code."
@@ -22,12 +23,30 @@ _PLUMBING = {"RESUME", "NOP", "CACHE", "PRECALL", "CALL", "PUSH_NULL", "EXTENDED
 def is_stub_function(fn) -> bool:
     """True when `fn`'s body only raises NotImplementedError (a docstring and comments aside)."""
     code = getattr(fn, "__code__", None)
-    if code is None:
-        return False
+    return code is not None and is_stub_code(code)
+
+
+def is_stub_code(code) -> bool:
+    """is_stub_function for a code object (a frame's, in a traceback)."""
     ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _PLUMBING]
     loads = [op for op in ops if op[0] in ("LOAD_GLOBAL", "LOAD_NAME")]
     return (len(ops) == 2 and loads == [ops[0]] and ops[0][1] == "NotImplementedError"
             and ops[1][0] == "RAISE_VARARGS")
+
+
+def is_stub_error(error: BaseException) -> bool:
+    """True when `error` is a stub's NotImplementedError: raised by a function whose whole body
+    is `raise NotImplementedError()` (a learner's function that is not started), not by a
+    half-written one or by a library that lacks a feature."""
+    if not isinstance(error, NotImplementedError):
+        return False
+    frames = list(traceback.walk_tb(error.__traceback__))
+    return bool(frames) and is_stub_code(frames[-1][0].f_code)
+
+
+def not_started(name: str, hint: str = STUB_HINT) -> str:
+    """The message for a part whose function `name` is still the stub."""
+    return f"{name} is not started: it raised NotImplementedError.\n{hint}"
 
 
 def _python_function(obj):

@@ -110,6 +110,13 @@ def test_waves_widgets_change_the_launch():
     assert "24 idle threads" in shown_text(ex) and "2 resident blocks per SM" in shown_text(ex)
 
 
+def test_roofline_greys_out_k_unless_the_op_is_a_matmul():
+    ex = roofline_explorer(interactive=True)
+    assert not ex.widgets["k"].disabled
+    ex.widgets["op"].value = "softmax"
+    assert ex.widgets["k"].disabled
+
+
 def test_waves_reject_launches_cuda_would_reject():
     with pytest.raises(ValueError, match="not offered; choose one of 32, 64"):
         waves_explorer(interactive=False).set(threads_per_block=100)
@@ -145,6 +152,16 @@ def test_pipeline_widgets_switch_schedules():
     assert ex.result.actions == want.actions
     assert ex.result.bubble_fraction == pytest.approx(sched.bubble_fraction_theory(8, 16, 4))
     assert "7/71" in shown_text(ex)
+
+
+def test_pipeline_greys_out_v_unless_the_schedule_interleaves():
+    ex = pipeline_explorer(interactive=True)  # 1F1B ignores v: its slider is greyed out
+    assert ex.widgets["n_chunks"].disabled
+    ex.widgets["schedule"].value = "interleaved 1F1B"
+    assert not ex.widgets["n_chunks"].disabled
+    ex.set(schedule="GPipe")
+    assert ex.widgets["n_chunks"].disabled
+    assert not any(w.disabled for n, w in ex.widgets.items() if n != "n_chunks")
 
 
 def test_pipeline_explains_an_interleaving_it_cannot_build():
@@ -208,13 +225,42 @@ def test_static_fallback_is_text_and_a_picture_and_no_widget(make):
 
 
 @pytest.mark.parametrize("make", EXPLORERS)
+def test_static_fallback_names_every_control_in_its_text_and_under_its_picture(make):
+    ex = make(interactive=False)
+    line = ex.controls_line()
+    assert all(control.label in line for control in ex.controls.values())
+    assert ex._repr_mimebundle_()["text/plain"].splitlines()[-1] == line
+    assert [t.get_text() for t in ex.static_figure().texts][-1] == line
+    assert line not in ex.text()  # the live view shows the controls themselves
+
+
+@pytest.mark.parametrize("make", EXPLORERS)
+def test_every_label_fits_beside_its_control(make):
+    """An explorer's labels share one column, as wide as its longest label (in `ch`, the width
+    of a digit, which a proportional font's letters mostly undercut): none is cut short."""
+    ex = make(interactive=True)
+    widths = {w.style.description_width for w in ex.widgets.values()}
+    assert len(widths) == 1, widths  # the controls line up
+    (width,) = widths
+    assert width.endswith("ch")
+    assert all(int(width[:-2]) >= len(w.description) + 1 for w in ex.widgets.values())
+
+
+def test_waves_slider_label_is_whole():
+    slider = waves_explorer(interactive=True).widgets["blocks_per_sm"]
+    assert slider.description == "resident blocks per SM"
+    assert int(slider.style.description_width[:-2]) > len(slider.description)
+
+
+@pytest.mark.parametrize("make", EXPLORERS)
 def test_interactive_bundle_keeps_the_static_text_that_nbval_compares(make):
     # nbval skips widget views (random model ids) and pictures; the text it does compare must
     # be the same whether or not the widgets are shown, on every run.
     static = make(interactive=False)._repr_mimebundle_()
     ex = make(interactive=True)
     live = ex._repr_mimebundle_()
-    assert live["text/plain"] == static["text/plain"] == make(interactive=False).text()
+    fallback = f"{ex.text()}\n{ex.controls_line()}"
+    assert live["text/plain"] == static["text/plain"] == fallback
     assert live[WIDGET_VIEW]["model_id"] == ex.widget().model_id
     assert ex.widget() is ex.widget()  # built once, whatever displays it
 

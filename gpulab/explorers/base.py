@@ -7,16 +7,19 @@
 
 An explorer is displayed as ONE output holding three representations of itself:
 
-    text/plain                                  the summary for the current values
-    image/png                                   the figure for the current values
+    text/plain                                  the summary for the current values, and a
+                                                line naming the controls
+    image/png                                   the figure for the current values, captioned
+                                                with the same line
     application/vnd.jupyter.widget-view+json    the live widgets (only when interactive)
 
 JupyterLab, Jupyter Notebook and Colab draw the widgets; a viewer without widget support
-(GitHub, nbviewer, an HTML export) falls back to the picture. nbval never compares widget views
-(their model ids are random) or pictures, only the text, which for a lesson's default values is
-the same on every run: so the committed outputs of a lesson stay checkable. interactive=False
-(or no ipywidgets, or no kernel behind IPython) leaves the widget view out: the static fallback.
-ipywidgets and matplotlib are imported only when an explorer is drawn.
+(GitHub, nbviewer, an HTML export, a lesson opened before its cells run) falls back to the
+picture, whose caption says which controls the cell offers once it runs. nbval never compares
+widget views (their model ids are random) or pictures, only the text, which for a lesson's
+default values is the same on every run: so the committed outputs of a lesson stay checkable.
+interactive=False (or no ipywidgets, or no kernel behind IPython) leaves the widget view out: the
+static fallback. ipywidgets and matplotlib are imported only when an explorer is drawn.
 Taught in: lessons/01, 06 and 07, one explorer each where the idea is taught.
 """
 
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+LABEL_MARGIN_CHARS = 2  # a proportional font's label is narrower than its count of "0"s
+CONTROL_WIDTH = "19em"  # the slider, dropdown or box right of the label
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Control:
     default: Any
     options: tuple = ()  # the values to choose from ("dropdown"), or (min, max) ("slider")
     kind: str = "dropdown"  # "dropdown", "slider" (ints), "number" (a positive int), "checkbox"
+    used_when: tuple = ()  # (control, value): it matters only then; greyed out otherwise
 
     def check(self, value) -> None:
         """ValueError, naming the allowed values, when `value` is not one of them."""
@@ -55,10 +61,18 @@ class Control:
         if self.kind == "checkbox" and not isinstance(value, bool):
             raise ValueError(f"{self.name} must be True or False, got {value!r}")
 
-    def widget(self, value):
+    def used(self, values: dict) -> bool:
+        """Whether this control matters for `values` (see used_when)."""
+        return not self.used_when or values[self.used_when[0]] == self.used_when[1]
+
+    def widget(self, value, label_chars: int):
+        """Its ipywidget, with room for `label_chars` characters of label (the explorer's
+        longest, so that its controls line up and no label is cut short)."""
         import ipywidgets as w
 
-        style, layout = {"description_width": "11em"}, w.Layout(width="30em")
+        label_width = f"{label_chars + LABEL_MARGIN_CHARS}ch"
+        style = {"description_width": label_width}
+        layout = w.Layout(width=f"calc({label_width} + {CONTROL_WIDTH})")
         common = dict(description=self.label, value=value, style=style, layout=layout)
         if self.kind == "slider":
             return w.IntSlider(min=self.options[0], max=self.options[1], **common)
@@ -154,13 +168,28 @@ class Explorer:
         """The picture for the current values (a matplotlib Figure), or None without a result."""
         return None if self.error else self.draw(self.result)
 
-    def png(self) -> str | None:
-        """The figure as a base64 PNG, the form notebooks store pictures in."""
+    def controls_line(self) -> str:
+        """One line naming the controls: what the static fallback says about the live view."""
+        labels = ", ".join(c.label for c in self.controls.values())
+        return f"controls, once the cell runs in JupyterLab or Colab: {labels}"
+
+    def static_figure(self):
+        """The figure with the controls line under it, or None without a result."""
         fig = self.figure()
+        if fig is not None:  # just under what is drawn; savefig's tight box grows to take it in
+            bottom = fig.get_tightbbox().y0 / fig.get_size_inches()[1]
+            fig.text(0.01, bottom, self.controls_line(), ha="left", va="top", fontsize=8,
+                     color="dimgray")
+        return fig
+
+    def png(self, static: bool = False) -> str | None:
+        """The figure (static: captioned with the controls line) as a base64 PNG, the form
+        notebooks store pictures in."""
+        fig = self.static_figure() if static else self.figure()
         if fig is None:
             return None
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        fig.savefig(buf, format="png", **({"bbox_inches": "tight"} if static else {}))
         return base64.b64encode(buf.getvalue()).decode("ascii")
 
     # --- widgets -------------------------------------------------------------------------------
@@ -170,13 +199,16 @@ class Explorer:
         if self._box is None:
             import ipywidgets as w
 
-            self._widgets = {n: c.widget(self.values[n]) for n, c in self.controls.items()}
+            label_chars = max(len(c.label) for c in self.controls.values())
+            self._widgets = {n: c.widget(self.values[n], label_chars)
+                             for n, c in self.controls.items()}
             for name, widget in self._widgets.items():
                 widget.observe(lambda change, name=name: self._changed(name, change["new"]),
                                names="value")
             self._output = w.Output()
             self._box = w.VBox([w.HTML(f"<b>{self.title}</b>"), *self._widgets.values(),
                                 self._output])
+            self._grey_out_unused()
             self._render()
         return self._box
 
@@ -194,8 +226,14 @@ class Explorer:
 
     def _changed(self, name: str, value) -> None:
         self.values[name] = value
+        self._grey_out_unused()
         if not self._holding:
             self._render()
+
+    def _grey_out_unused(self) -> None:
+        """Disable the widgets of controls the current values ignore (see Control.used_when)."""
+        for name, control in self.controls.items():
+            self._widgets[name].disabled = not control.used(self.values)
 
     def _render(self) -> None:
         # Outputs set on the widget's state, not captured with `with output:`: the same on
@@ -210,8 +248,8 @@ class Explorer:
     # --- display -------------------------------------------------------------------------------
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        bundle = {"text/plain": self.text()}
-        png = self.png()
+        bundle = {"text/plain": f"{self.text()}\n{self.controls_line()}"}
+        png = self.png(static=True)
         if png is not None:
             bundle["image/png"] = png
         if self.interactive:

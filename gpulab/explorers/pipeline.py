@@ -59,7 +59,8 @@ def pipeline_explorer(interactive: bool | None = None, **values) -> Explorer:
         Control("schedule", "schedule", "1F1B", SCHEDULES),
         Control("pp_size", "stages (p)", 4, (1, 8), kind="slider"),
         Control("n_microbatches", "microbatches (m)", 8, (1, 32), kind="slider"),
-        Control("n_chunks", "chunks per device (v)", 2, (2, 4), kind="slider"),
+        Control("n_chunks", "chunks per device (v)", 2, (2, 4), kind="slider",
+                used_when=("schedule", "interleaved 1F1B")),  # GPipe and 1F1B ignore it
     ]
     return Explorer("Pipeline schedules", controls, pipeline_schedule, describe_schedule,
                     draw_schedule, values, interactive)

@@ -97,7 +97,7 @@ def roofline_explorer(interactive: bool | None = None, **values) -> Explorer:
         Control("op", "op", "matmul", tuple(OPS)),
         Control("m", "m", 4096, kind="number"),
         Control("n", "n", 4096, kind="number"),
-        Control("k", "k (matmul only)", 4096, kind="number"),
+        Control("k", "k (matmul only)", 4096, kind="number", used_when=("op", "matmul")),
         Control("dtype", "dtype", "bf16", hardware.DTYPES),
     ]
     return Explorer("Roofline explorer", controls, roofline_point, describe_point, draw_point,

@@ -19,8 +19,10 @@ import numpy as np
 from numba import cuda
 
 import gpulab
+from gpulab.stubs import is_stub_error, not_started
 
 GUARD = 8  # spare cells after each dimension of an output: a write past the end lands there
+STUB_HINT = "Replace `raise NotImplementedError()` with your kernel's code."
 
 # The simulator runs each CUDA thread as a Python thread and waits for a barrier in a loop that
 # holds the GIL; a short switch interval lets the waiting threads run sooner (about 3x faster
@@ -51,11 +53,19 @@ def error_hint(error: Exception) -> str:
         return ("Numba could not compile the kernel for the GPU; the message above names the "
                 "line. Kernels may only use numbers, arrays and the cuda.* functions.")
     if isinstance(error, NotImplementedError):
-        return "Replace `raise NotImplementedError()` with your kernel's code."
+        return STUB_HINT
     if type(error).__name__ == "KernelTimeout":
         return ("The kernel ran past its time limit: look for a loop that never ends (a "
                 "`while` whose index never grows, or a stride of 0).")
-    return "The traceback above shows the line of your kernel that failed."
+    return "Look at the line of your kernel that raised it."
+
+
+def kernel_failed(name: str, where: str, error: Exception) -> AssertionError:
+    """The checker's error for a kernel that raised `error`: "not started" for the lab's stub,
+    else what it raised and what to check. Raise it `from error`: IPython's %tb shows both."""
+    if is_stub_error(error):
+        return AssertionError(not_started(name, STUB_HINT))
+    return AssertionError(f"{where} raised {type(error).__name__}: {error}\n{error_hint(error)}")
 
 
 def launch(kernel, name: str, blocks, threads_per_block, *args, case: str = "") -> None:
@@ -66,9 +76,8 @@ def launch(kernel, name: str, blocks, threads_per_block, *args, case: str = "") 
             kernel[blocks, threads_per_block](*args)
             cuda.synchronize()
     except Exception as error:  # the learner's code may raise anything; say what it means
-        raise AssertionError(
-            f"{name} ({case}, blocks={blocks}, threads_per_block={threads_per_block}) raised "
-            f"{type(error).__name__}: {error}\n{error_hint(error)}") from error
+        where = f"{name} ({case}, blocks={blocks}, threads_per_block={threads_per_block})"
+        raise kernel_failed(name, where, error) from error
 
 
 def check_races(kernel, name: str, blocks, threads_per_block, *args, case: str = "") -> None:
@@ -84,8 +93,7 @@ def check_races(kernel, name: str, blocks, threads_per_block, *args, case: str =
     except AssertionError as error:  # RaceError: its message already says what went wrong
         raise AssertionError(f"{where}: {error}") from error
     except Exception as error:
-        raise AssertionError(
-            f"{where} raised {type(error).__name__}: {error}\n{error_hint(error)}") from error
+        raise kernel_failed(name, where, error) from error
 
 
 class GuardedOutput:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from gpulab.checks.harness.kernels import error_hint, simulator_pace
+from gpulab.checks.harness.kernels import kernel_failed, simulator_pace
 
 
 def trace_kernel(kernel, name: str, blocks, threads_per_block, *args, case: str = ""):
@@ -28,9 +28,8 @@ def trace_kernel(kernel, name: str, blocks, threads_per_block, *args, case: str 
         with simulator_pace():
             return run_traced(kernel, blocks, threads_per_block, *args)
     except Exception as error:  # the learner's code may raise anything; say what it means
-        raise AssertionError(
-            f"{name} ({case}, blocks={blocks}, threads_per_block={threads_per_block}) raised "
-            f"{type(error).__name__}: {error}\n{error_hint(error)}") from error
+        where = f"{name} ({case}, blocks={blocks}, threads_per_block={threads_per_block})"
+        raise kernel_failed(name, where, error) from error
 
 
 def accesses_per_thread(trace, space: str | None = None, kind: str | None = None,

@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from gpulab.env import AutocastRecipe
 from gpulab.models import MLP
+from gpulab.stubs import STUB_HINT, is_stub_error, not_started
 
 BF16 = AutocastRecipe("cpu", "bfloat16", use_grad_scaler=False)  # the cpu runner's recipe
 BF16_SCALED = AutocastRecipe("cpu", "bfloat16", use_grad_scaler=True)  # + a scaler, as fp16 has
@@ -57,18 +58,21 @@ HINTS = (  # (text in the error, what to look at)
 
 def hint_for(error: Exception) -> str:
     if isinstance(error, NotImplementedError):
-        return "Replace `raise NotImplementedError()` with your code."
+        return STUB_HINT
     for text, hint in HINTS:
         if text in str(error):
             return hint
-    return "The traceback above shows the line that failed."
+    return "Look at the line of your code that raised it."
 
 
 def call_learner(fn, name: str, *args, case: str = ""):
-    """fn(*args); an error becomes an AssertionError that says which call failed and why."""
+    """fn(*args); an error becomes an AssertionError that says which call failed and why
+    ("not started" for the lab's stub)."""
     try:
         return fn(*args)
     except Exception as error:  # the learner's code may raise anything; say what it means
+        if is_stub_error(error):
+            raise AssertionError(not_started(name)) from error
         first = (str(error).strip().splitlines() or [""])[0][:300]
         said = f"{type(error).__name__}: {first}" if first else type(error).__name__
         raise AssertionError(f"{name} ({case}) raised {said}\n{hint_for(error)}") from error

@@ -15,6 +15,7 @@ from gpulab.checks.harness.owned import require_own_function
 from gpulab.checks.harness.training import GRAD_RTOL, UPDATE_RTOL, hint_for, one_thread
 from gpulab.memory import explain_oom, format_bytes, free_memory, memory_budget
 from gpulab.memory.oom_scenario import BATCH_SIZE, oom_scenario
+from gpulab.stubs import is_stub_error, not_started
 
 LOSS_RTOL = 2e-3  # bf16 autocast moves this loss by ~1e-5: anything past 0.2% is another loss
 FIXES = ("smaller micro-batches, more of them: accumulate the gradients (the model states stay, "
@@ -56,6 +57,8 @@ def _run_budgeted(fit_step, scenario, model, optimizer, x, y, case: str):
         del error
         free_memory()
     except Exception as error:  # the learner's code may raise anything; say what it means
+        if is_stub_error(error):
+            raise AssertionError(not_started("fit_step")) from error
         first = (str(error).strip().splitlines() or [""])[0][:300]
         raise AssertionError(f"fit_step ({case}) raised {type(error).__name__}: {first}\n"
                              f"{hint_for(error)}") from error
