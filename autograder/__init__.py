@@ -6,6 +6,7 @@ release.py      labs/LAB from solutions/LAB (nbgrader generate_assignment), drif
 submissions.py  finding learners' submissions and staging copies of them
 worker.py       grading one submission in its own process and nbgrader course root
 cells.py        a submission's cells: admitted (unreadable, duplicated, deleted), planned
+learner.py      whose notebook it is: the student's id in the kernel, a LEARNER naming another
 execute.py      running a submission's notebook: integrity checks, restarts, timeouts
 integrity.py    the guard in the grading kernel: a snapshot of the test machinery, checked
 output_caps.py  bounded outputs per cell and per notebook, as messages arrive

@@ -6,10 +6,14 @@ first: an edit of a GPU's spec sheet (object.__setattr__ on a frozen dataclass) 
 agree on a wrong number. So the course's test cells name an expected value instead,
 `answer_key("lab1.waves")`, and grading fixes it before the learner's code runs:
 
-    answers = compute_answers(lab, source, profile)   # once per batch, in a process of its own,
-                                                      # from the installed library
-    fill_in(test_cell_source, answers)                # each call replaced by its literal value
+    answers = compute_answers(lab, source, env, students)   # once per batch, in a process of
+                                                  # its own, from the installed library
+    fill_in(test_cell_source, answers[student])   # each call replaced by its literal value
 
+Answers may differ per learner (the quiz's numbers are drawn from the learner's id): the values
+are computed for each student of the batch, and a submission's test cells get those of the
+student who handed it in. A call that also names a learner, `answer_key("quiz.q02",
+mine.learner)`, is replaced whole: what the notebook says about whose it is plays no part.
 fill_in runs in the grader (autograder/execute.py) on a test cell's source just before it is
 sent to the kernel; the notebook keeps the cell as written. A name with no computed value
 becomes an expression that raises, so such a test fails instead of passing on the kernel's own
@@ -22,11 +26,12 @@ import ast
 import json
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ANSWER_CALL = "answer_key"  # the name test cells call (gpulab/checks/keys.py)
-ANSWERS_COMMAND = (sys.executable, "-m", "gpulab.checks.keys")  # + LAB: JSON on stdout
+# + LAB --student ID ...: {student: {name: value}} as JSON on stdout
+ANSWERS_COMMAND = (sys.executable, "-m", "gpulab.checks.keys")
 ANSWERS_TIMEOUT_S = 300  # imports torch and numba, measures one small training step (Lab 4)
 
 
@@ -40,15 +45,17 @@ def uses_answers(source: Path) -> bool:
                for path in sorted(Path(source).glob("*.ipynb")))
 
 
-def compute_answers(lab: str, source: Path, env: Mapping[str, str]) -> dict:
-    """{name: value} for every expected answer of `lab`, computed by the course's command in a
-    fresh process with the grading kernel's environment `env` (its runner); {} when the lab's
-    test cells name none."""
-    if not uses_answers(source):
-        return {}
+def compute_answers(lab: str, source: Path, env: Mapping[str, str],
+                    students: Sequence[str]) -> dict[str, dict]:
+    """{student: {name: value}}: every expected answer of `lab` for each of `students`, computed
+    by the course's command in a fresh process with the grading kernel's environment `env` (its
+    runner); {} for each when the lab's test cells name none."""
+    if not uses_answers(source) or not students:
+        return {student: {} for student in students}
+    command = [*ANSWERS_COMMAND, lab, *(arg for s in students for arg in ("--student", s))]
     try:
-        done = subprocess.run([*ANSWERS_COMMAND, lab], capture_output=True, text=True,
-                              env=dict(env), timeout=ANSWERS_TIMEOUT_S, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, env=dict(env),
+                              timeout=ANSWERS_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         raise AnswersError(f"computing {lab}'s expected answers took over "
                            f"{ANSWERS_TIMEOUT_S} s") from None
@@ -81,8 +88,9 @@ def fill_in(source: str, answers: Mapping[str, object]) -> str:
 
 
 def _is_answer_call(node) -> bool:
+    """answer_key("name") or answer_key("name", learner): a literal name, no keywords."""
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id == ANSWER_CALL and len(node.args) == 1 and not node.keywords
+            and node.func.id == ANSWER_CALL and len(node.args) in (1, 2) and not node.keywords
             and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
 
 

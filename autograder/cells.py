@@ -71,7 +71,7 @@ class Plan:
         roles = tuple(_role(cell) for cell in nb.cells)
         labels = tuple(cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell {i + 1}"
                        for i, cell in enumerate(nb.cells))
-        trees = {i: _parse(cell.source) for i, cell in enumerate(nb.cells)
+        trees = {i: parse_cell(cell.source) for i, cell in enumerate(nb.cells)
                  if roles[i] in ("test", "setup")}
         reads = {i: tuple(sorted(_names_read(tree))) for i, tree in trees.items()
                  if roles[i] == "test"}
@@ -100,7 +100,7 @@ def _role(cell) -> str:
     return "setup" if meta.get("locked") else "learner"
 
 
-def _parse(source: str) -> ast.Module:
+def parse_cell(source: str) -> ast.Module:
     """A cell as Python: IPython's magics (%time, !ls) turned into calls first."""
     from IPython.core.inputtransformer2 import TransformerManager
 

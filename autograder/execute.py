@@ -21,11 +21,15 @@ the same cells, in order, in one kernel, and adds:
     answers      a test cell's answer_key("name") calls are replaced by the expected values the
                  grader computed outside the kernel (autograder/answers.py) in the code sent to
                  the kernel; the notebook keeps the cell as written
+    learner      the kernel's JUPYTERHUB_USER is the student who handed the notebook in; a
+                 notebook whose LEARNER names another learner is not run, each test scores zero
+                 and the submission is flagged (autograder/learner.py)
 Flags and per-cell reasons go to nb.metadata["gpulab_grading"], which worker.py reads back.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import subprocess
@@ -49,6 +53,7 @@ from autograder.integrity import (
     read_answer,
 )
 from autograder.kernel_manager import SandboxedKernels
+from autograder.learner import kernel_environment, other_learner
 from autograder.output_caps import OutputCaps
 
 METADATA_KEY = "gpulab_grading"
@@ -69,6 +74,7 @@ class GradeExecute(OutputCaps, Execute):
     max_restarts = Integer(10, help="fresh kernels per notebook before the rest is not run").tag(
         config=True)
     answers = Dict(help="expected answers the test cells name: name -> value").tag(config=True)
+    student: str | None = None  # who handed the notebook in (nbgrader's resources)
 
     def preprocess(self, nb, resources=None, km=None):
         NotebookClient.__init__(self, nb, km)  # as nbconvert's ExecutePreprocessor does
@@ -77,7 +83,13 @@ class GradeExecute(OutputCaps, Execute):
         self.plan, self.record = Plan.of(nb), Record()
         self.restarts, self.gave_up = 0, None
         self.reset_output_caps(notebook=True)
-        run_sync(self._run_notebook)()
+        # nbgrader's autograde says whose submission this is; run alone, nobody's.
+        self.student = (resources or {}).get("nbgrader", {}).get("student")
+        other = other_learner(nb, self.student) if self.student else None
+        if other is not None:
+            self._refuse_other_learner(*other)
+        else:
+            run_sync(self._run_notebook)()
         nb.metadata[METADATA_KEY] = self.record.as_metadata()
         return nb, self.resources
 
@@ -136,7 +148,8 @@ class GradeExecute(OutputCaps, Execute):
         self.km = self.create_kernel_manager()
         # The notebook's output travels over ZMQ; what C code writes to the kernel's own fd 1
         # would otherwise pile up in the grader's log.
-        await self.async_start_new_kernel(stdout=subprocess.DEVNULL)
+        await self.async_start_new_kernel(
+            stdout=subprocess.DEVNULL, env=kernel_environment(os.environ, self.student))
         self.kc = self.km.client()
         # pyzmq gives a context's options to the sockets it creates: a bigger message closes
         # the socket (replaced, see _reconnect_output) instead of filling the grader's memory.
@@ -255,6 +268,18 @@ class GradeExecute(OutputCaps, Execute):
     async def _async_handle_timeout(self, timeout, cell=None):
         self._timed_out = True  # nbclient interrupts the kernel; the cell then says why
         return await super()._async_handle_timeout(timeout, cell)
+
+    def _refuse_other_learner(self, index: int, other: str) -> None:
+        """A notebook written for another learner: no test runs, each scores zero."""
+        why = (f'This notebook was written for another learner (LEARNER = "{other}"), but '
+               f"{self.student} handed it in: it was not run, and each test scores zero. Set "
+               "LEARNER to your own id (or leave it empty on JupyterHub), answer with your own "
+               "numbers, and hand it in again.")
+        for cell, role in zip(self.nb.cells, self.plan.roles, strict=True):
+            if role == "test":
+                cell.outputs, cell.execution_count = [_error("LearnerMismatch", why)], None
+        self.record.note("learner mismatch", other)
+        self.record.note(None, self.plan.labels[index], why)
 
     def _void(self, cell, label: str, findings: list[str], when: str) -> None:
         """A test that does not count: the machinery it relies on was changed."""

@@ -8,8 +8,8 @@
        source, the runner profile) keeps its grade, unless `regrade`
     4. the others are graded by `python -m autograder.worker` subprocesses, `jobs` at a time
        (autograder/pool.py), with the lab's expected answers computed once, beforehand, in a
-       process of their own (autograder/answers.py), and the lab generated once in a root of
-       its own that each worker copies (`lab_alone`)
+       process of their own, for each student (autograder/answers.py), and the lab generated
+       once in a root of its own that each worker copies (`lab_alone`)
     5. each result is recorded by autograder/gradebook.py, in this process and in student
        order, whatever `jobs` is
 
@@ -204,7 +204,8 @@ def _grade_batch(course, lab, todo, profile, prints, jobs, progress) -> dict[str
     # the next run when this one is killed.
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=course.grading / "tmp"))
     source = course.grading / "source" / lab
-    answers = compute_answers(lab, source, profile.kernel_env(os.environ))
+    answers = compute_answers(lab, source, profile.kernel_env(os.environ),
+                              [submission.student_id for submission in todo])
     # ".lab": no student id starts with a dot (course.STUDENT_ID), so no worker folder clashes
     lab_root = lab_alone(course, lab, scratch / ".lab")
     tasks = [
@@ -216,7 +217,7 @@ def _grade_batch(course, lab, todo, profile, prints, jobs, progress) -> dict[str
             workdir=str(scratch / submission.student_id / "course"),
             cell_timeout_s=profile.cell_timeout_s,
             sandbox=asdict(profile.sandbox_settings()),
-            answers=answers,
+            answers=answers[submission.student_id],
         )
         for submission in todo
     ]

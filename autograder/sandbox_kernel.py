@@ -27,7 +27,10 @@ PR_SET_NO_NEW_PRIVS = 38
 # What the kernel inherits from the grader's environment: the runner profile's variables and
 # what numerical libraries and CUDA read. Everything else is dropped.
 KEEP_PREFIXES = ("GPULAB_", "NUMBA_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "OPENBLAS_", "LC_")
-KEEP_NAMES = {"MPLBACKEND", "LANG", "TZ", "JPY_SESSION_NAME", "PYDEVD_DISABLE_FILE_VALIDATION"}
+# JUPYTERHUB_USER is the student who handed the notebook in, set by the grader
+# (autograder/learner.py): the notebook draws that learner's numbers, as on their hub.
+KEEP_NAMES = {"MPLBACKEND", "LANG", "TZ", "JPY_SESSION_NAME", "PYDEVD_DISABLE_FILE_VALIDATION",
+              "JUPYTERHUB_USER"}
 PATH = "/usr/local/bin:/usr/bin:/bin"
 CPU_GRACE_S = 5  # between SIGXCPU (soft limit) and SIGKILL (hard limit)
 

@@ -52,7 +52,7 @@ class GradeTask:
     # defaults, sandbox on); from RunnerProfile.sandbox_settings().
     sandbox: dict = field(default_factory=dict)
     # Expected answers the test cells name (autograder/answers.py), computed by the parent
-    # outside any learner's kernel: name -> plain value.
+    # outside any learner's kernel, for this student: name -> plain value.
     answers: dict = field(default_factory=dict)
 
 

@@ -32,6 +32,7 @@ from hostile.cases import LAB3_ORPHAN_MARKER
 from lab_submissions import Lab, Mistake, cell_by_grade_id, run_in_process
 
 import gpulab.checks
+from gpulab.checks.keys import all_answers
 from gpulab.quiz import Pick, choose
 from gpulab.stubs import STUB_HINT
 
@@ -256,6 +257,18 @@ LAB2 = Spec(
 
 # ----------------------------------------------------------------------------- Lab 3
 
+# SimpleDDP's rule for parameters without a gradient: one all-reduce of used-flags first.
+LAB3_USED_FLAGS = (
+    "        params = [p for p in self.module.parameters() if p.requires_grad]  # frozen: left "
+    "alone\n        if not params:\n            return\n"
+    "        # Which parameters got a gradient on some rank: the flags' sum over the ranks.\n"
+    "        used = torch.tensor([float(p.grad is not None) for p in params], "
+    "device=params[0].device)\n        dist.all_reduce(used)\n"
+    "        world_size = dist.get_world_size()\n"
+    "        for p, users in zip(params, used.tolist()):\n"
+    "            if users == 0:\n"
+    "                continue  # no rank used it: None everywhere, so the optimizer skips it\n")
+
 LAB3 = Spec(
     "lab3_ddp_from_scratch",
     mistakes=(
@@ -282,11 +295,36 @@ LAB3 = Spec(
                 "rank\n", "", "test_train_ddp",
                 r"Every epoch went through the data in the same order: call "
                 r"sampler\.set_epoch\(epoch\)"),
+        # Torch DDP's rules for real models (frozen, unused, dtypes, devices), broken one each.
+        Mistake("frozen_gets_zeros", "simple_ddp", LAB3_USED_FLAGS,
+                "        world_size = dist.get_world_size()\n"
+                "        for p in self.module.parameters():\n", "test_simple_ddp",
+                r"frozen\.weight is frozen \(requires_grad=False\), yet it has a gradient"),
+        Mistake("unused_gets_zeros", "simple_ddp", LAB3_USED_FLAGS,
+                "        world_size = dist.get_world_size()\n"
+                "        for p in self.module.parameters():\n"
+                "            if not p.requires_grad:\n                continue\n",
+                "test_simple_ddp",
+                r"unused\.weight has a gradient after finish_gradient_sync, but no rank used it"
+                r".*AdamW's weight decay still moves the weight"),
+        Mistake("one_buffer_for_all_dtypes", "fast_ddp",
+                ", bucket_bytes,\n                              [(p.dtype, p.device) for p in "
+                "self.params])", ", bucket_bytes)", "test_fast_ddp",
+                r"all-reduced tensors of \[175, 96, 256\] elements; the buckets hold \[170, 85, "
+                r"16, 256\].*A bucket is one flat tensor of one dtype"),
+        Mistake("buffers_without_device", "fast_ddp",
+                ", dtype=bucket[0].dtype,\n                                    "
+                "device=bucket[0].device)", ", dtype=bucket[0].dtype)", "test_fast_ddp",
+                r"Rank \d sent a tensor on the device 'meta'.*Create every tensor the wrapper "
+                r"sends on its parameters' device"),
     ),
-    # Three wrappers broken at once: each part fails at its first launch, the ring is left
-    # right. Cheaper than any one of them alone, whose notebook runs three parts in full.
-    end_to_end=("undivided", "no_overlap", "same_order_every_epoch"),
-    together="three_mistakes",
+    # Wrappers broken at once: each part fails at its first launch, the ring is left right.
+    # Cheaper than any one of them alone, whose notebook runs three parts in full.
+    end_to_end=("undivided", "no_overlap", "same_order_every_epoch", "frozen_gets_zeros",
+                "buffers_without_device", "unused_gets_zeros", "one_buffer_for_all_dtypes"),
+    together={"three_mistakes": ("undivided", "no_overlap", "same_order_every_epoch"),
+              "frozen_and_device": ("frozen_gets_zeros", "buffers_without_device"),
+              "unused_and_dtypes": ("unused_gets_zeros", "one_buffer_for_all_dtypes")},
     hidden_at_least=5,
     leftover_marker=LAB3_ORPHAN_MARKER,  # the hostile bank's lab3_orphans ring
     checker_tests="tests/test_checks_lab3.py",
@@ -355,6 +393,9 @@ LAB5 = Spec(
 QUIZ_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 CLICKED_ONLY = "q07"  # the question the "clicked_only" learner answered with a click alone
 QUIZ_CHOICE = gpulab.checks.package("quiz").CHOICE
+QUIZ_NUMERIC = tuple(gpulab.checks.package("quiz").ANSWERS)  # each learner's numbers differ
+# Two learners who hand in each other's answers, written down as numbers: learner -> whose.
+SWAPPED = {"ada": "grace", "grace": "ada"}
 
 
 def solution_region(cell) -> str:
@@ -403,11 +444,26 @@ def patched_grader() -> nbformat.NotebookNode:
     return nb
 
 
+def numbers_written_down(learner: str) -> nbformat.NotebookNode:
+    """The solution with each numeric answer written down as `learner`'s number (`q02 =
+    134.23`), as their notebook printed it, instead of the code that computes it: an answer
+    sheet another learner could copy. LEARNER stays empty, as a copier would leave it."""
+    nb = Lab("quiz").solution()
+    answers = all_answers("quiz", learner)
+    for qid in QUIZ_NUMERIC:
+        cell = cell_by_grade_id(nb, f"{qid}_answer")
+        number = answers[f"quiz.{qid}"]
+        cell.source = cell.source.replace(solution_region(cell), f"{qid} = {number!r}")
+    return nb
+
+
 def hand_in_quiz_learners(folder: Path) -> None:
     quiz = Lab("quiz")
     quiz.hand_in(folder, "picked_and_written", picked_and_written())
     quiz.hand_in(folder, "clicked_only", picked_and_written(clicked_only=(CLICKED_ONLY,)))
     quiz.hand_in(folder, "tampered", patched_grader())
+    for student, whose in SWAPPED.items():
+        quiz.hand_in(folder, student, numbers_written_down(whose))
 
 
 QUIZ = Spec(
@@ -421,14 +477,15 @@ QUIZ = Spec(
                 '    __hash__ = str.__hash__\n\n\nq01 = Anything("a")', "q01",
                 r'q01: "a" is not the best choice'),
         Mistake("seconds_not_ms", "q13_answer", ") * 1e3", ")", "q13",
-                r"q13 = 0\.01757 milliseconds is not within 1% of the answer\. It is off by a "
+                r"q13 = [\d.e-]+ milliseconds is not within 1% of the answer\. It is off by a "
                 r"factor of 1e3: check that it is in milliseconds"),
         Mistake("bubble_in_percent", "q19_answer", "q19 = schedule", "q19 = 100 * schedule",
-                "q19", r"q19 = 17\.94\d* is outside \[0, 1\], the range the question gives"),
+                "q19", r"q19 = [\d.]+ is outside \[0, 1\], the range the question gives"),
         Mistake("zero3_not_zero2", "q15_answer", "zero_stage=2", "zero_stage=3", "q15",
-                r"q15 = 6 GPUs is not exactly the answer\."),
+                r"q15 = \d+ GPUs is not exactly the answer\."),
         Mistake("number_as_text", "q14_answer",
-                'q14 = cost_model.busbw("all_reduce", cost_model.algbw(4e9, 0.050), 8)',
+                'q14 = cost_model.busbw("all_reduce", cost_model.algbw(mine.q14.n_bytes, '
+                'mine.q14.seconds),\n                       mine.q14.world_size)',
                 'q14 = "140 GB/s"', "q14",
                 r"q14 must be a number in GB/s \(such as q14 = 12\.5\), not a str"),
     ),
@@ -437,6 +494,7 @@ QUIZ = Spec(
                 "zero3_not_zero2", "number_as_text"),
     together="six_mistakes",
     hidden_at_least=50,  # two lines per question
+    context=("learner",),  # LEARNER = "": the numbers are then the hub user's (the test's)
     extra=hand_in_quiz_learners,
     checker_tests="tests/test_quiz.py",
     marks=(pytest.mark.quiz,),

@@ -1,14 +1,26 @@
 """The quiz graded end to end: the checks of tests/grading_checks.py on its batch, and what is
 particular to it: answers picked with buttons and written down, a click alone, a patched
-grader, and feedback that gives no answer away."""
+grader, feedback that gives no answer away, and each learner graded on their own numbers (two
+learners who swap their answers lose the numeric points, a classmate's notebook scores zero)."""
 
+import math
 import re
 from pathlib import Path
 
 from grading_checks import *  # noqa: F403  the checks every graded notebook passes
 from grading_checks import GRADES, full_scores
-from grading_specs import CLICKED_ONLY, QUIZ, QUIZ_CHOICE, picked_and_written, solution_region
+from grading_specs import (
+    CLICKED_ONLY,
+    QUIZ,
+    QUIZ_CHOICE,
+    QUIZ_NUMERIC,
+    SWAPPED,
+    picked_and_written,
+    solution_region,
+)
 from lab_submissions import cell_by_grade_id, error_of, grade_id, read
+
+from gpulab.checks.keys import all_answers
 
 SPEC = QUIZ
 pytestmark = list(SPEC.marks)
@@ -85,3 +97,33 @@ def test_the_grader_saw_the_buttons_run_headless(spec, graded):
         cell = cell_by_grade_id(nb, f"{qid}_choices")
         (out,) = [o for o in cell.outputs if o.output_type == "execute_result"]
         assert "Click a choice" in out.data["text/plain"], qid
+
+
+@GRADES
+def test_each_learner_is_graded_on_their_own_numbers(spec, graded):
+    """Two learners hand in the solution, which computes from their own numbers: full marks for
+    both. Two others hand in each other's answers written down as numbers (their numbers differ
+    in every numeric question): each loses exactly the numeric questions, as wrong numbers."""
+    batch = graded(spec)
+    assert batch.scores["solution"] == batch.scores["picked_and_written"] == full_scores(spec)
+    for student, whose in SWAPPED.items():
+        mine, theirs = all_answers("quiz", student), all_answers("quiz", whose)
+        assert not [n for n in mine if math.isclose(mine[n], theirs[n], rel_tol=0.01)], student
+        assert batch.scores[student] == full_scores(spec, QUIZ_NUMERIC), student
+        for qid in QUIZ_NUMERIC:
+            wrong = error_of(batch.tests[student][qid]).evalue
+            assert re.search(r"is not (within 1% of|exactly) the answer", wrong), (qid, wrong)
+        assert not batch.results[student].flags, student
+
+
+@GRADES
+def test_a_classmates_notebook_scores_zero_and_says_why(spec, graded):
+    """Its LEARNER names ada (the hostile bank's case checks its scores and flag): the learner's
+    page and the instructor's line say so."""
+    batch = graded(spec)
+    _, page = batch.feedback["quiz_other_learner"]
+    assert ('written for another learner (LEARNER = "ada"), but quiz_other_learner handed it in'
+            in page)
+    total = f"{spec.assignment.total:g}"
+    assert re.search(rf"(?m)^quiz_other_learner\s+0 / {total}\s+flagged: learner mismatch: ada",
+                     batch.run.out), batch.run.out

@@ -1,8 +1,10 @@
 """gpulab.quiz, headless: the multiple-choice buttons (with and without ipywidgets), the checks the
 quiz's test cells call, and the quiz notebook itself run in this process (no kernel): the
-solution passes every test, the release fails each with the stub's hint and shows no answer,
-and no strategy blind to the questions (the longest option, one letter) passes the quiz.
-Grading end to end, through nbgrader, is in tests/test_grading_quiz.py.
+solution passes every test for any learner, the release fails each with the stub's hint and
+shows no answer, one learner's answers written down as numbers fail another's tests, and no
+strategy blind to the questions (the longest option, one letter) passes the quiz.
+Each learner's numbers (gpulab/quiz/variant.py) are tested in tests/test_quiz_variants.py;
+grading end to end, through nbgrader, in tests/test_grading_quiz.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 from grading_specs import QUIZ as SPEC
+from grading_specs import QUIZ_NUMERIC, numbers_written_down
 from lab_submissions import BEGIN_HIDDEN, END_HIDDEN, ROOT, cell_by_grade_id, grade_id, read
 
 from gpulab.checks.quiz import (
@@ -24,7 +27,8 @@ from gpulab.checks.quiz import (
     grade_number,
     grade_pick,
 )
-from gpulab.quiz import Pick, choose
+from gpulab.quiz import LearnerError, Pick, choose
+from gpulab.quiz.variant import HUB_USER
 from gpulab.stubs import STUB_HINT
 
 pytestmark = pytest.mark.quiz
@@ -260,31 +264,64 @@ def _run_in_process(nb) -> dict:
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        meta = cell.metadata["nbgrader"]
+        meta = cell.metadata.get("nbgrader", {})  # none on the LEARNER cell, a plain one
+        name = meta.get("grade_id") or cell.id
         source = TransformerManager().transform_cell(cell.source)  # the setup cell's %pip
         try:
-            exec(compile(source, meta["grade_id"], "exec"), namespace)
+            exec(compile(source, name, "exec"), namespace)
             error = None
         except (AssertionError, NotImplementedError) as exc:
             error = exc
-        if meta["grade"]:
-            outcomes[meta["grade_id"]] = error
+        if meta.get("grade"):
+            outcomes[name] = error
     return outcomes
 
 
-def test_the_solution_passes_every_test_hidden_ones_included():
+@pytest.fixture
+def signed_in(monkeypatch):
+    """signed_in("ada"): run notebooks as JupyterHub's user ada, whose LEARNER may stay empty."""
+    return lambda learner: monkeypatch.setenv(HUB_USER, learner)
+
+
+@pytest.mark.parametrize("learner", ["ada", "grace"])
+def test_the_solution_passes_every_test_hidden_ones_included(learner, signed_in):
+    """For any learner: its answer cells compute from that learner's numbers."""
+    signed_in(learner)
     outcomes = _run_in_process(read(SOLUTION))
     assert list(outcomes) == QUESTIONS
     failed = {test: str(error) for test, error in outcomes.items() if error is not None}
     assert not failed
 
 
-def test_the_release_fails_every_test_with_the_stub_hint():
+def test_the_release_fails_every_test_with_the_stub_hint(signed_in):
+    signed_in("ada")
     outcomes = _run_in_process(read(RELEASE))
     assert list(outcomes) == QUESTIONS
     for test, error in outcomes.items():
         assert isinstance(error, AssertionError), test
         assert f"{test} is still None" in str(error) and STUB_HINT in str(error), test
+
+
+def test_the_release_asks_whose_quiz_it_is_before_any_question(monkeypatch):
+    """LEARNER left empty, and no JupyterHub: the cell that draws the numbers says what to do."""
+    monkeypatch.delenv(HUB_USER, raising=False)
+    with pytest.raises(LearnerError, match=r'Write your student id in the cell above, LEARNER = '
+                                           r'"<your id>", exactly as the course knows you'):
+        _run_in_process(read(RELEASE))
+
+
+def test_numbers_written_down_pass_their_learners_tests_and_fail_anothers(signed_in):
+    """ada's answers as numbers: right for ada; for grace every numeric question fails, and only
+    those (the multiple-choice answers are the same for everyone)."""
+    sheet = numbers_written_down("ada")
+    signed_in("ada")
+    assert not [test for test, error in _run_in_process(sheet).items() if error is not None]
+    signed_in("grace")
+    failed = {test: str(error) for test, error in _run_in_process(sheet).items()
+              if error is not None}
+    assert sorted(failed) == sorted(QUIZ_NUMERIC)
+    assert all(re.search(r"is not (within 1% of|exactly) the answer", why)
+               for why in failed.values()), failed
 
 
 def _hidden_region(source: str) -> str:
@@ -406,8 +443,9 @@ def test_the_right_letters_are_spread_over_the_choices():
 
 
 @pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
-def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
+def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake, signed_in):
     """Each mistake that tests/grading_specs.py knows (tests/grading_checks.py grades some end to
     end): the solution with that mistake, run here up to its test cell, fails there, visible
     and hidden tests included, with the teaching message."""
+    signed_in("ada")
     SPEC.expect_checker_teaches(mistake)

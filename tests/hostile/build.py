@@ -40,7 +40,9 @@ def build(case: Case) -> NotebookNode:
     nb = nbformat.read(base_notebook(case.lab, case.base), as_version=4)
     for grade_id, source in case.answers.items():
         cell = _cell(nb, grade_id)
-        assert cell.metadata["nbgrader"].get("solution"), f"{grade_id} is not an answer cell"
+        meta = cell.metadata.get("nbgrader", {})  # an answer cell, or another one left open
+        assert meta.get("solution") or not (meta.get("grade") or meta.get("locked")), (
+            f"{grade_id} is not the learner's to edit")
         cell.source = source
     if case.code:
         nb.cells.insert(nb.cells.index(_cell(nb, case.after)) + 1,

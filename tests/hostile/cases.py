@@ -382,8 +382,10 @@ TIMES_MODEL_STATES = sizes[DOMINANT_CATEGORY] / (peak.parameters + peak.gradient
 ]
 
 # The quiz's numbers come from the grader too: a recipe table edited in place, with q22
-# answered from it, voids q22 and the questions after it.
+# answered from it, voids q22 and the questions after it. A classmate's notebook handed in as
+# it is names its learner: it is not run, and scores zero.
 QUIZ_FULL = {q: float(points) for q, points in gpulab.checks.assignment("quiz").points.items()}
+QUIZ_ZERO = dict.fromkeys(QUIZ_FULL, 0.0)
 QUIZ = [
     Case("quiz_recipe_edit", "bf16's bytes per parameter edited in place, q22 answered with "
          "them", lab="quiz", answers={"q22_answer": '''
@@ -392,7 +394,10 @@ import dataclasses
 from gpulab.memory import recipes
 
 recipes.RECIPES["bf16"] = dataclasses.replace(recipes.RECIPES["bf16"], param_itemsize=1)
-q22 = model_states(7e9, "bf16", "adamw").total_bytes / 1e9
+q22 = model_states(mine.q22.n_params, "bf16", mine.q22.optimizer).total_bytes / 1e9
 '''}, scores={**QUIZ_FULL, "q22": 0.0, "q23": 0.0, "q24": 0.0, "q25": 0.0},
          flags=("gpulab.memory.recipes.RECIPES",), reasons=voided("q22")),
+    Case("quiz_other_learner", "a classmate's notebook handed in as it is: its LEARNER is "
+         "another student's id", lab="quiz", answers={"learner": 'LEARNER = "ada"'},
+         scores=QUIZ_ZERO, flags=("learner mismatch: ada",)),
 ]

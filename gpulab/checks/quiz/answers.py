@@ -6,7 +6,7 @@ and that never contains the expected answer (feedback shows the messages of hidd
     grade_pick("q07", q07, answer)            # hidden test: the right letter
     grade_number("q12", q12, want, unit="ms") # hidden test: within a relative tolerance
 
-A click alone is not an answer (gpulab/quiz.py says why): a Pick is refused until the answer
+A click alone is not an answer (gpulab/quiz/buttons.py says why): a Pick is refused until the answer
 cell holds its letter.
 """
 
