@@ -1,7 +1,7 @@
 """gpulab's DDP steps against torch.nn.parallel.DistributedDataParallel
 (lessons/05_multi_gpu_strategies.ipynb).
 
-Two gloo ranks train the same MLP on the same data with each wrapper, same bucket_cap_mb. A step
+Two gloo ranks train the same MLP on the same data with each wrapper, same bucket cap. A step
 is forward + backward + gradient sync + optimizer step; the wrappers take turns step by step, so
 machine noise hits them alike; a step's time is the slower rank's, and a ratio is the median of
 the step-by-step ratios. Target:
@@ -10,7 +10,7 @@ the step-by-step ratios. Target:
                                       async all-reduce from gradient hooks), driven from Python
 NaiveDDP and BucketedDDP are reported beside it (no target): what buckets and overlap buy.
 
-Same bucket_cap_mb, not quite the same buckets: torch closes a bucket once it reaches the cap,
+Same cap, not quite the same buckets: torch closes a bucket once it reaches the cap,
 gpulab before it would pass it (see assign_buckets), so gpulab sends more, smaller buckets here
 (8 against 4 in the full run: each 4 MiB weight alone, then each bias alone); the ratio
 includes that.
@@ -29,7 +29,7 @@ WORLD_SIZE = 2
 TARGET = 1.25
 
 
-def _time_on_rank(rank, world_size, sizes, bucket_cap_mb, steps, warmup):
+def _time_on_rank(rank, world_size, sizes, bucket_bytes, steps, warmup):
     """Per step, this rank's seconds for each wrapper, and its final parameters."""
     import time
 
@@ -51,11 +51,11 @@ def _time_on_rank(rank, world_size, sizes, bucket_cap_mb, steps, warmup):
         torch.manual_seed(0)
         return MLP(in_features, 10, hidden=hidden, n_hidden=n_hidden)
 
-    wrappers = {
-        "torch": (DistributedDataParallel(model(), bucket_cap_mb=bucket_cap_mb), None),
-        "overlapped": (ddp := OverlappedDDP(model(), bucket_cap_mb), ddp.finish_gradient_sync),
-        "bucketed": (ddp := BucketedDDP(model(), bucket_cap_mb), ddp.sync_gradients),
-        "naive": (ddp := NaiveDDP(model()), ddp.sync_gradients),
+    wrappers = {  # torch counts the same bytes in MB (2**20 bytes)
+        "torch": (DistributedDataParallel(model(), bucket_cap_mb=bucket_bytes / 2**20), None),
+        "overlapped": (ddp := OverlappedDDP(model(), bucket_bytes), ddp.finish_gradient_sync),
+        "bucketed": (ddp := BucketedDDP(model(), bucket_bytes), ddp.finish_gradient_sync),
+        "naive": (ddp := NaiveDDP(model()), ddp.finish_gradient_sync),
     }
     optimizers = {name: torch.optim.SGD(w.parameters(), lr=0.01, momentum=0.9)
                   for name, (w, _) in wrappers.items()}
@@ -80,9 +80,9 @@ def run(quick: bool = False) -> list[Row]:
     # (in_features, hidden, n_hidden, batch per rank): 4.2M parameters (17 MB of gradients),
     # each 1024x1024 weight a 4 MiB bucket; a step takes tens of ms (quick: about 10 ms).
     sizes = (512, 512, 3, 64) if quick else (1024, 1024, 4, 64)
-    bucket_cap_mb = 1.5 if quick else 4.0
+    bucket_bytes = int((1.5 if quick else 4.0) * 2**20)
     steps, warmup = (25, 3) if quick else (21, 3)
-    per_rank = run_on_ranks(_time_on_rank, WORLD_SIZE, sizes, bucket_cap_mb, steps, warmup,
+    per_rank = run_on_ranks(_time_on_rank, WORLD_SIZE, sizes, bucket_bytes, steps, warmup,
                             backend="gloo", timeout_s=600)
     params = per_rank[0][1]
     for name, ps in params.items():  # figures from a wrapper that trains wrong mean nothing
@@ -97,7 +97,7 @@ def run(quick: bool = False) -> list[Row]:
                                                        strict=True))
 
     note = (f"gloo, {WORLD_SIZE} ranks, MLP {sizes[0]}-{sizes[1]}x{sizes[2]}, batch {sizes[3]}"
-            f"/rank, bucket_cap_mb={bucket_cap_mb:g}, torch DDP step "
+            f"/rank, buckets of {bucket_bytes / 2**20:g} MiB, torch DDP step "
             f"{statistics.median(step_s['torch']) * 1e3:.1f} ms, median of {steps}")
     rows = [Row(NAME, "OverlappedDDP / torch DDP step time", ratio("overlapped"), "x",
                 target=f"<= {TARGET}x", ok=ratio("overlapped") <= TARGET, note=note)]

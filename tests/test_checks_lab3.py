@@ -19,6 +19,7 @@ import types
 import pytest
 import torch
 from grading_specs import LAB3 as SPEC
+from grading_specs import LAB3_USED_FLAGS as SPEC_FLAGS
 from lab_submissions import Lab, cell_by_grade_id
 
 from gpulab.checks.harness import owned
@@ -211,6 +212,13 @@ WRONG_SIMPLE = {  # and SPEC's "undivided", below
     "never_all_reduced": ([("simple_ddp", "            dist.all_reduce(p.grad)  # the sum over "
                             "the ranks\n", "")],
                           r"the gradients are this rank's own \(those of its shard alone"),
+    # A parameter only rank 0 used goes on rank 0 alone: the ranks' all-reduces pair up wrong.
+    "skips_missing": ([("simple_ddp", SPEC_FLAGS, "        world_size = dist.get_world_size()\n"
+                        "        for p in self.module.parameters():\n"
+                        "            if p.grad is None:\n                continue\n")],
+                      r"The ranks' collectives differ: call \d+ is all_reduce of 80 elements in "
+                      r"finish_gradient_sync on rank 0, but all_reduce of 256 elements.*it still "
+                      r"goes on that rank, in its turn, with zeros"),
 }
 
 
@@ -239,32 +247,50 @@ def test_the_solutions_fast_ddp_passes_the_visible_and_the_hidden_tests():
 
 
 def test_reference_buckets_follow_the_spec():
-    assert reference_buckets([192, 16, 256, 16, 80, 5], 300) == [[5, 4, 3], [2, 1], [0]]
-    assert reference_buckets([192, 16, 256, 16, 80, 5], 100) == [[5, 4], [3], [2], [1], [0]]
-    assert reference_buckets([3, 50, 3, 3], 10) == [[3, 2], [1], [0]]
-    assert reference_buckets([4], 1) == [[0]]
+    mlp = [768, 64, 1024, 64, 320, 20]  # the MLP's parameters in bytes
+    assert reference_buckets(mlp, 1200) == [[5, 4, 3], [2, 1], [0]]
+    assert reference_buckets(mlp, 400) == [[5, 4], [3], [2], [1], [0]]
+    assert reference_buckets([12, 200, 12, 12], 40) == [[3, 2], [1], [0]]
+    assert reference_buckets([16], 4) == [[0]]
+    # One open bucket per kind: the bf16 layer's two parameters share one of their own.
+    kinds = ["f32", "f32", "bf16", "bf16", "f32", "f32"]
+    assert reference_buckets([768, 64, 512, 32, 320, 20], 1000, kinds) == [[5, 4, 1], [3, 2],
+                                                                             [0]]
 
 
 WRONG_MAKE_BUCKETS = {
-    "first_first": ("def make_buckets(numels, bucket_numel):\n    out, size = [[]], 0\n"
-                    "    for i, n in enumerate(numels):\n"
-                    "        if out[-1] and size + n > bucket_numel:\n"
+    "first_first": ("def make_buckets(nbytes, bucket_bytes, kinds=None):\n    out, size = [[]], 0\n"
+                    "    for i, n in enumerate(nbytes):\n"
+                    "        if out[-1] and size + n > bucket_bytes:\n"
                     "            out.append([])\n            size = 0\n"
                     "        out[-1].append(i)\n        size += n\n    return out",
                     r"Buckets hold the parameters last first"),
-    "over_the_cap": ("def make_buckets(numels, bucket_numel):\n"
-                     "    return [list(reversed(range(len(numels))))]",
-                     r"A bucket holds more than bucket_numel elements"),
-    "one_each": ("def make_buckets(numels, bucket_numel):\n"
-                 "    return [[i] for i in reversed(range(len(numels)))]",
-                 r"Fill each bucket up to bucket_numel"),
+    "over_the_cap": ("def make_buckets(nbytes, bucket_bytes, kinds=None):\n"
+                     "    return [list(reversed(range(len(nbytes))))]",
+                     r"A bucket holds more than bucket_bytes"),
+    "one_each": ("def make_buckets(nbytes, bucket_bytes, kinds=None):\n"
+                 "    return [[i] for i in reversed(range(len(nbytes)))]",
+                 r"Fill each bucket up to bucket_bytes"),
+    # The kinds read but the old rule kept: a new bucket wherever the kind changes.
+    "closed_at_each_change": (
+        "def make_buckets(nbytes, bucket_bytes, kinds=None):\n"
+        "    kinds = kinds or [None] * len(nbytes)\n    out, size = [], 0\n"
+        "    for i in reversed(range(len(nbytes))):\n"
+        "        if not out or size + nbytes[i] > bucket_bytes or kinds[out[-1][0]] != kinds[i]:\n"
+        "            out.append([])\n            size = 0\n"
+        "        out[-1].append(i)\n        size += nbytes[i]\n    return out",
+        r"kinds=\['float32', 'float32', 'bfloat16', 'bfloat16', 'float32', 'float32'\]\) "
+        r"returned \[\[5, 4\], \[3, 2\], \[1, 0\]\], expected \[\[5, 4, 1\], \[3, 2\], "
+        r"\[0\]\]\. Keep one open bucket per kind"),
+    "kinds_ignored": ("", r"returned \[\[5, 4, 3, 2, 1\], \[0\]\].*A bucket mixes kinds"),
 }
 
 
 @pytest.mark.parametrize("name", WRONG_MAKE_BUCKETS)
 def test_wrong_buckets_are_named_without_processes(name):
     code, match = WRONG_MAKE_BUCKETS[name]
-    fails(check_make_buckets, notebook(extra=code).make_buckets, match=match)
+    changes = [] if code else [("fast_ddp", "        kind = kinds[i]\n", "        kind = None\n")]
+    fails(check_make_buckets, notebook(changes, extra=code).make_buckets, match=match)
 
 
 OUT_OF_ORDER = '''
@@ -297,6 +323,12 @@ WRONG_FAST = {  # and SPEC's "no_overlap", below
                           {"cases": ("unused",)},
                           r"FastDDP \(a model with an unused branch.*all-reduced tensors of "
                           r"\[\] elements; the buckets hold \[90, 96, 192\]"),
+    # What torch DDP leaves None, a zero: the flags' all-reduce made, its answer not used.
+    "zero_for_unused": ([("fast_ddp", "                if used[k] == 0:\n                    "
+                          "continue  # no rank used it: .grad stays None, the optimizer skips "
+                          "it\n", "")], "", {"cases": ("real",)},
+                        r"unused\.weight has a gradient after finish_gradient_sync, but no rank "
+                        r"used it"),
 }
 
 
@@ -305,6 +337,17 @@ def test_a_wrong_fast_ddp_fails_with_its_message(name):
     changes, extra, kwargs, match = WRONG_FAST[name]
     nb = notebook(changes, extra)
     fails(check_fast_ddp, nb.FastDDP, nb.make_buckets, **kwargs, match=match)
+
+
+@pytest.mark.gpu
+def test_on_gpus_the_solutions_fast_ddp_passes_with_nccl_and_cpu_buffers_fail():
+    """The gpu runner adds the real model's case on GPUs with nccl (check_fast_ddp does, when
+    gpulab.runner is gpu), where a buffer kept on the CPU cannot be all-reduced."""
+    nb = notebook()
+    check_fast_ddp(nb.FastDDP, nb.make_buckets, world_size=2, cases=("mlp",))
+    on_cpu = notebook([("fast_ddp", "device=bucket[0].device)", 'device="cpu")')])
+    fails(check_fast_ddp, on_cpu.FastDDP, on_cpu.make_buckets, world_size=2, cases=("mlp",),
+          match=r"FastDDP \(\d GPUs, nccl\).*device 'cpu'.*while the parameters are on 'cuda'")
 
 
 def test_a_broadcast_on_rank_0_only_hangs_and_is_explained(quick_timeouts):

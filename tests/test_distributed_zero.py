@@ -1,11 +1,15 @@
-"""ZeRO-1 against single-process AdamW on 2 and 3 real gloo ranks, the ZeRO paper's memory
-table, and DDP / ZeRO-1 / FSDP2 side by side.
+"""ZeRO-1 against single-process AdamW on 2 and 3 real gloo ranks (and, on 2, with torch DDP's
+rules for frozen, unused and partly used parameters and bf16: tests/real_model.py), the ZeRO
+paper's memory table, and DDP / ZeRO-1 / FSDP2 side by side.
 
 A launch costs a few seconds, so each world size is launched once (a module-scoped fixture)
 and several tests read what it returned.
 """
 
+import functools
+
 import pytest
+import real_model
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -176,6 +180,18 @@ def _zero_checks(rank, world_size):
     out["tiny_state_bytes"] = optimizer_state_bytes(opt)
     out["tiny"] = _train(tiny, opt, x[part], y[part], STEPS, reduce=opt.reduce_gradients)
 
+    # Frozen, unused and partly used parameters, bf16 beside fp32 (on 2 ranks: see
+    # test_zero_one_follows_torch_ddp_rules), gradients reduced to all ranks or to owners only.
+    if world_size == 2:
+        for key, owners_only in (("real", False), ("real-owners_only", True)):
+            model = real_model.RealModel(0)  # no broadcast in ZeRO-1: the same seed everywhere
+            opt = ZeroOneOptimizer(model.parameters(), torch.optim.AdamW, **real_model.ADAMW)
+            out[key] = real_model.train(
+                model, opt, [real_model.rank_batch(rank, world_size)],
+                functools.partial(opt.reduce_gradients, owners_only=owners_only))
+            names = [name for name, _ in model.named_parameters()]
+            out[key + "-owned"] = [names[i] for i in opt.partition[rank]]
+
     # A process group of ranks {0, last}: group ranks differ from global ranks on 3 ranks.
     members = [0, world_size - 1]
     group = dist.new_group(members)  # every rank must call new_group
@@ -278,3 +294,25 @@ def test_compare_strategies_losses_match_and_fsdp2_holds_a_shard():
     assert sum(rows["FSDP2", r].param_bytes for r in range(world_size)) == full
     text = str(result)
     assert "FSDP2" in text and "ZeRO-1" in text and f"{result.n_params:,} parameters" in text
+
+
+@pytest.mark.dist
+def test_zero_one_follows_torch_ddp_rules(zero_run):
+    """A parameter only rank 0 has a gradient for must still be reduced on every rank (the ranks
+    issued different all-reduces before: wrong pairs or a hang); frozen and unused-everywhere
+    ones keep grad None, so AdamW skips them; bf16 beside fp32."""
+    world_size, out = zero_run
+    if world_size != 2:
+        pytest.skip("the real model runs on 2 ranks only: a mean of 3 bf16 gradients rounds "
+                    "differently from one process's sum of thirds")
+    model = real_model.RealModel(0)
+    want, want_grads = real_model.train(model, real_model.adamw(model),
+                                        real_model.one_process_batches(world_size))
+    for key in ("real", "real-owners_only"):
+        real_model.assert_trains_like([o[key][0] for o in out], want, f"ZeRO-1 {key}")
+    for rank, o in enumerate(out):
+        assert o["real"][1] == want_grads, f"rank {rank}: gradients {o['real'][1]}"
+        # owners_only: the owner keeps the mean (or None, as above); the others drop it
+        kept = {name: dtype for name, dtype in o["real-owners_only"][1].items() if dtype}
+        assert kept == {name: want_grads[name] for name in o["real-owners_only-owned"]
+                        if want_grads[name]}, f"rank {rank}: owners_only kept {kept}"

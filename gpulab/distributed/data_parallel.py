@@ -12,16 +12,22 @@ optimizer step as one process training on the whole batch.
     with ddp.no_sync():                             # accumulate a micro-batch, no traffic
         loss_fn(ddp(x1), y1).backward()
 
-NaiveDDP       after backward, sync_gradients(): one all-reduce per parameter gradient
-BucketedDDP    after backward, sync_gradients(): gradients packed into a few flat buckets,
+NaiveDDP       after backward, finish_gradient_sync(): one all-reduce per parameter gradient
+BucketedDDP    after backward, finish_gradient_sync(): gradients packed into a few flat buckets,
                one all-reduce per bucket (fewer, larger messages: less latency paid)
 OverlappedDDP  hooks start a bucket's async all-reduce as soon as backward has produced all its
                gradients; finish_gradient_sync() waits for them. Communication hides behind the
                rest of backward, as in torch.nn.parallel.DistributedDataParallel
 no_sync()      on all three: backward inside it only accumulates local gradients; the next
                synchronized step reduces the sum (gradient accumulation without extra traffic)
-assign_buckets which parameters share a bucket (reverse registration order, capped in MB)
+assign_buckets which parameters share a bucket (reverse registration order, one dtype and
+               device per bucket, at most bucket_bytes)
 SyncStats      ddp.stats: what the last synchronized step did (all-reduces, overlap)
+
+As in torch DDP: frozen parameters (requires_grad=False) get no gradient and no communication;
+NaiveDDP and BucketedDDP need a gradient for every other parameter (torch DDP without
+find_unused_parameters does too); OverlappedDDP(find_unused_parameters=True) leaves None where no
+rank used a parameter and averages with zeros where only some did.
 
 Taught in: lessons/05_multi_gpu_strategies.ipynb
 """
@@ -35,6 +41,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # torch DDP's default, bucket_cap_mb=25, in bytes
 
 
 @dataclass
@@ -53,28 +61,33 @@ class SyncStats:
         return sum(n > 0 for n in self.grads_after_launch)
 
 
-def assign_buckets(params: list[torch.Tensor], bucket_cap_mb: float = 25.0) -> list[list[int]]:
-    """Group parameters into buckets of at most bucket_cap_mb (2**20 bytes, as torch DDP counts);
-    returns the indices into `params` of each bucket.
+def assign_buckets(params: list[torch.Tensor],
+                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[list[int]]:
+    """Group parameters into buckets of at most bucket_bytes; returns the indices into `params`
+    of each bucket, in the order the buckets were opened.
 
-    Reverse registration order: backward produces the last layer's gradients first, so the
-    first bucket fills (and can be sent) while earlier layers are still being differentiated.
-    A parameter larger than the cap gets a bucket of its own; a bucket also closes where the
-    dtype or device changes, since a bucket is one flat tensor. (torch DDP's cap is a threshold
-    instead: its bucket closes once it reaches the cap, so it can pass the cap by one parameter;
-    at the same bucket_cap_mb torch makes fewer, larger buckets.)"""
-    cap_bytes = bucket_cap_mb * 2**20
+    Last parameter first: backward produces the last layer's gradients first, so the first
+    bucket fills (and can be sent) while earlier layers are still being differentiated. A bucket
+    is one flat tensor, so it holds one kind of parameter (dtype and device) and each kind keeps
+    its own open bucket: a parameter joins the open bucket of its kind, which is closed first if
+    the parameter would take it past bucket_bytes (so a parameter larger than the cap is alone).
+    (torch DDP's cap is a threshold instead: a bucket closes once it reaches the cap, so it can
+    pass the cap by one parameter, and at the same cap torch makes fewer, larger buckets. torch
+    also lists its buckets in the order they closed, and by default caps its first one at 1 MiB.)
+    """
     buckets: list[list[int]] = []
-    size = 0
+    open_bucket: dict[tuple[torch.dtype, torch.device], int] = {}  # kind -> index in buckets
+    filled: list[int] = []  # bytes in each bucket
     for i in reversed(range(len(params))):
-        p, nbytes = params[i], params[i].numel() * params[i].element_size()
-        first = buckets[-1][0] if buckets else None
-        if first is None or size + nbytes > cap_bytes or \
-                (params[first].dtype, params[first].device) != (p.dtype, p.device):
+        p = params[i]
+        kind, nbytes = (p.dtype, p.device), p.numel() * p.element_size()
+        b = open_bucket.get(kind)
+        if b is None or filled[b] + nbytes > bucket_bytes:
+            b = open_bucket[kind] = len(buckets)  # closes the kind's previous bucket, if any
             buckets.append([])
-            size = 0
-        buckets[-1].append(i)
-        size += nbytes
+            filled.append(0)
+        buckets[b].append(i)
+        filled[b] += nbytes
     return buckets
 
 
@@ -88,9 +101,13 @@ def broadcast_from_rank0(module: nn.Module, group=None) -> None:
 
 
 class Bucket:
-    """Parameters whose gradients travel together: one flat buffer, a slot for each."""
+    """Parameters whose gradients travel together: one flat buffer, a slot for each. The buffer
+    has the parameters' dtype and lives on their device, so all must share both."""
 
     def __init__(self, params: list[nn.Parameter]):
+        kinds = {(p.dtype, p.device) for p in params}
+        if len(kinds) != 1:
+            raise ValueError(f"a bucket holds parameters of one dtype and device, got {kinds}")
         self.params = params
         n = sum(p.numel() for p in params)
         self.buffer = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)  # (n,)
@@ -127,7 +144,7 @@ class _DataParallel(nn.Module):
     def no_sync(self):
         """Backward passes inside accumulate into param.grad on this rank only; the first
         synchronized step after it averages the accumulated sum across ranks. (NaiveDDP and
-        BucketedDDP communicate only in sync_gradients(), which does nothing in here.)"""
+        BucketedDDP communicate only in finish_gradient_sync(), which does nothing in here.)"""
         before, self.require_sync = self.require_sync, False
         try:
             yield
@@ -145,16 +162,16 @@ class _DataParallel(nn.Module):
         missing = [i for i, p in enumerate(self.grad_params) if p.grad is None]
         if missing:
             raise RuntimeError(
-                f"{type(self).__name__} needs a gradient for every parameter, but "
-                f"{self._names(missing)} got none (a branch unused in forward?). Use "
-                "OverlappedDDP(..., find_unused_parameters=True) for such models.")
+                f"{type(self).__name__} needs a gradient for every parameter that is not "
+                f"frozen, but {self._names(missing)} got none (a branch unused in forward?). "
+                "Use OverlappedDDP(..., find_unused_parameters=True) for such models.")
 
 
 class NaiveDDP(_DataParallel):
-    """Step 1: after loss.backward(), sync_gradients() all-reduces each gradient on its own.
-    Correct, but pays one message's latency per parameter, and only after backward ends."""
+    """Step 1: after loss.backward(), finish_gradient_sync() all-reduces each gradient on its
+    own. Correct, but pays one message's latency per parameter, and only after backward ends."""
 
-    def sync_gradients(self) -> None:
+    def finish_gradient_sync(self) -> None:
         if not self.require_sync:
             return  # inside no_sync(): keep accumulating locally
         self._check_every_param_has_grad()
@@ -171,17 +188,18 @@ class NaiveDDP(_DataParallel):
 class BucketedDDP(_DataParallel):
     """Step 2: gradients are packed into flat buckets (see assign_buckets), one all-reduce each.
 
-    param.grad stays its own tensor: sync_gradients() copies each gradient into its bucket's
-    slot, reduces, and copies the mean back. That costs two copies per step, but param.grad
-    never changes identity, so anything holding it (an optimizer, zero_grad(set_to_none=True)
-    replacing it with None) works as without DDP. OverlappedDDP shows the alternative."""
+    param.grad stays its own tensor: finish_gradient_sync() copies each gradient into its
+    bucket's slot, reduces, and copies the mean back. That costs two copies per step, but
+    param.grad never changes identity, so anything holding it (an optimizer,
+    zero_grad(set_to_none=True) replacing it with None) works as without DDP. OverlappedDDP
+    shows the alternative."""
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None):
+    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None):
         super().__init__(module, group)
         self.buckets = [Bucket([self.grad_params[i] for i in bucket])
-                        for bucket in assign_buckets(self.grad_params, bucket_cap_mb)]
+                        for bucket in assign_buckets(self.grad_params, bucket_bytes)]
 
-    def sync_gradients(self) -> None:
+    def finish_gradient_sync(self) -> None:
         if not self.require_sync:
             return
         self._check_every_param_has_grad()
@@ -215,6 +233,7 @@ class OverlappedDDP(_DataParallel):
     straight into the bucket; after zero_grad(set_to_none=True) the next gradient is a fresh
     tensor again and is copied in again. The optimizer only sees an ordinary param.grad.
 
+    bucket_bytes: the cap on a bucket's bytes (see assign_buckets).
     all_reduce: a synchronous, in-place fn(tensor, group=...) to use instead of dist.all_reduce
         (e.g. gpulab.distributed.ring_all_reduce). It cannot run in the background, so the
         buckets are then reduced one after another in finish_gradient_sync(): no overlap.
@@ -226,13 +245,13 @@ class OverlappedDDP(_DataParallel):
         finish_gradient_sync(), naming the parameters.
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, all_reduce=None,
-                 find_unused_parameters: bool = False, group=None):
+    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 all_reduce=None, find_unused_parameters: bool = False, group=None):
         super().__init__(module, group)
         self.all_reduce = all_reduce
         self.find_unused_parameters = find_unused_parameters
         self.buckets, self.slot_of = [], {}  # slot_of[param index] = (bucket index, slot index)
-        for b, indices in enumerate(assign_buckets(self.grad_params, bucket_cap_mb)):
+        for b, indices in enumerate(assign_buckets(self.grad_params, bucket_bytes)):
             self.buckets.append(Bucket([self.grad_params[i] for i in indices]))
             self.slot_of.update({i: (b, k) for k, i in enumerate(indices)})
         # Hooks live on the parameters, not on this wrapper: a second wrapper around the same

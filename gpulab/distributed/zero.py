@@ -92,14 +92,28 @@ class ZeroOneOptimizer:
     @torch.no_grad()
     def reduce_gradients(self, owners_only: bool = False) -> None:
         """Average the gradients over the group, for code that does not use DDP (which already
-        averages them). Every rank must hold gradients for the same parameters.
+        averages them). As torch DDP with find_unused_parameters=True: a parameter no rank has
+        a gradient for (frozen, or unused on every rank) keeps grad None, so the optimizer skips
+        it; one that only some ranks have a gradient for gets the mean, with zeros for the
+        others.
 
         owners_only=True reduces each gradient to its owner only (dist.reduce: like a
         reduce-scatter, about half the traffic of an all-reduce) and drops it elsewhere
         (grad=None): ZeRO-2's communication, and its saving of gradient memory.
         """
+        if not self.params:
+            return
+        # Every rank must reduce the same parameters in the same order, or the collectives pair
+        # up the wrong tensors (or hang): first agree on which parameters any rank has a
+        # gradient for.
+        has_grad = torch.tensor([float(p.grad is not None) for p in self.params],
+                                device=self.params[0].device)
+        dist.all_reduce(has_grad, group=self.group)  # > 0: some rank has a gradient
+        some_rank_has = has_grad.tolist()
         for owner, indices in enumerate(self.partition):
-            for p in (self.params[i] for i in indices if self.params[i].grad is not None):
+            for p in (self.params[i] for i in indices if some_rank_has[i] > 0):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)  # this rank's share of the mean
                 if owners_only:
                     dist.reduce(p.grad, dst=_global_rank(self.group, owner), group=self.group)
                 else:
@@ -116,10 +130,11 @@ class ZeroOneOptimizer:
         if self.optimizer is not None:
             self.optimizer.step()
         for owner, indices in enumerate(self.partition):
-            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for i in indices:
-                by_dtype.setdefault(self.params[i].dtype, []).append(self.params[i])
-            for shard in by_dtype.values():  # one broadcast per owner (and dtype), not per tensor
+            by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+            for i in indices:  # a flat tensor has one dtype and one device
+                p = self.params[i]
+                by_kind.setdefault((p.dtype, p.device), []).append(p)
+            for shard in by_kind.values():  # one broadcast per owner and kind, not per tensor
                 sizes = [p.numel() for p in shard]
                 if owner == self.rank:
                     flat = torch.cat([p.reshape(-1) for p in shard])

@@ -44,9 +44,10 @@ class CallLog:
     """torch.distributed calls made while `recording`, in order, with the phase they came in.
 
     Each call is a dict: call (its name), phase ("backward", "finish", a case's label...), step,
-    numel (of its first tensor), async (async_op=True), waited (its handle's wait() was called),
-    pending (gradients not yet computed, when the checker counts them). Every event is also a
-    JSON line in `path`, flushed at once: a checker reads it after a hang or a crash.
+    numel, dtype and device type (of its first tensor), async (async_op=True), waited (its
+    handle's wait() was called), pending (gradients not yet computed, when the checker counts
+    them). Every event is also a JSON line in `path`, flushed at once: a checker reads it after
+    a hang or a crash.
     """
 
     def __init__(self, path: str | None = None):
@@ -54,6 +55,9 @@ class CallLog:
         self.borrowed: list[str] = []  # "gpulab's own code (allreduce.py: ring_all_reduce)"
         self.phase, self.step = "setup", 0
         self.pending = None  # callable: gradients still to come in this backward, or None
+        # Inside a recorded call: a TorchFunctionMode (torch.device("meta") as a context) sends
+        # the collective through dist.<name> once more, and that is the same call.
+        self._inside = False
         self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - kept open
 
     def set_phase(self, phase: str, step: int | None = None) -> None:
@@ -71,6 +75,8 @@ class CallLog:
         return _Recording(self, profile)
 
     def _record(self, name: str, original, signature, args, kwargs):
+        if self._inside:
+            return original(*args, **kwargs)
         try:
             bound = signature.bind_partial(*args, **kwargs).arguments if signature else {}
         except TypeError:
@@ -81,11 +87,17 @@ class CallLog:
                            if isinstance(t, torch.Tensor)), None)
         call = {"call": name, "phase": self.phase, "step": self.step, "index": len(self.calls),
                 "numel": None if tensor is None else int(tensor.numel()),
+                "dtype": None if tensor is None else str(tensor.dtype).removeprefix("torch."),
+                "device": None if tensor is None else tensor.device.type,
                 "async": bool(bound.get("async_op", False)), "waited": False,
                 "pending": None if self.pending is None else int(self.pending())}
         self.calls.append(call)
         self._write(call)
-        work = original(*args, **kwargs)
+        self._inside = True
+        try:
+            work = original(*args, **kwargs)
+        finally:
+            self._inside = False
         return Handle(work, call, self) if call["async"] and work is not None else work
 
     def _profile(self, frame, event, arg) -> None:

@@ -59,8 +59,9 @@ def _shipped_by_value(modules):
 
 
 def launch(fn, world_size: int, *args, name: str, case: str, timeout_s: float, ship=(),
-           explain_hang=None, explain_crash=None) -> list:
-    """fn(rank, world_size, *args, log_dir) on `world_size` gloo ranks, with the modules in
+           explain_hang=None, explain_crash=None, backend: str = "gloo") -> list:
+    """fn(rank, world_size, *args, log_dir) on `world_size` gloo ranks (nccl: one GPU each, for
+    a check that runs the learner's code on GPUs too), with the modules in
     `ship` (what runs there) sent by value; the values in rank order. A failure becomes an
     AssertionError that names `name` and `case` and says what went
     wrong on which rank; explain_hang(error, logs) and explain_crash(error, logs) add what to
@@ -71,7 +72,7 @@ def launch(fn, world_size: int, *args, name: str, case: str, timeout_s: float, s
     log_dir = tempfile.mkdtemp(prefix="gpulab-lab3-")
     try:
         with _shipped_by_value(ship):
-            return Launcher(world_size, backend="gloo", timeout_s=timeout_s).run(
+            return Launcher(world_size, backend=backend, timeout_s=timeout_s).run(
                 fn, *args, log_dir)
     except RankError as error:
         logs = calls.read_logs(log_dir, world_size)
@@ -98,7 +99,7 @@ def _rank_error_text(error: RankError, name, case, logs, explain_crash) -> str:
         first = str(error).splitlines()[0]
         return (f"{name} ({case}): {first}{where}.\n"
                 f"{extra or 'The last lines it printed are above.'}")
-    if error.exc_type == "NotImplementedError":
+    if error.exc_type == "NotImplementedError" and not extra:  # a stub, not torch's refusal
         return f"{name} ({case}) raised NotImplementedError on rank {error.rank}\n{STUB_HINT}"
     message = (str(error).split(": ", 1)[-1].splitlines() or [""])[0][:300]
     if "third_party/gloo" in message:  # gloo's own words name its source files, not the cause

@@ -7,7 +7,7 @@ lists. The checkers (ring.py, simple_ddp.py, fast_ddp.py, train_ddp.py) grade th
 notebook's process, never here.
 
     ring_rank    Part 1: dist.all_reduce, then the learner's ring_all_reduce, on each case
-    ddp_rank     Parts 2-3: a few SGD steps through the learner's wrapper, on each case
+    ddp_rank     Parts 2-3: a few optimizer steps through the learner's wrapper, on each case
     train_rank   Part 4: the learner's train_ddp, given StandInDDP (torch's own DDP)
 
 The checkers ship this module by value (cloudpickle), so that a rank imports torch and not
@@ -76,6 +76,26 @@ class Branchy(nn.Module):
         return self.head(h) + self.extra(h) if use_extra else self.head(h)
 
 
+class RealModel(nn.Module):
+    """What real models bring to DDP: a frozen layer (requires_grad=False, as a pretrained
+    embedding kept fixed), a bf16 layer beside fp32 ones, a `branch` that forward(x, use_extra)
+    runs only when asked (some ranks use it in a step, others do not), and an `unused` layer that
+    no forward ever runs."""
+
+    def __init__(self, n_features: int, n_classes: int, hidden: int):
+        super().__init__()
+        self.frozen = nn.Linear(n_features, hidden).requires_grad_(False)
+        self.body = nn.Linear(hidden, hidden)
+        self.low_precision = nn.Linear(hidden, n_classes).to(torch.bfloat16)
+        self.branch = nn.Linear(hidden, n_classes)
+        self.unused = nn.Linear(hidden, n_classes)
+
+    def forward(self, x, use_extra: bool = False):  # (B, F) -> (B, C)
+        h = F.relu(self.body(self.frozen(x)))
+        out = self.low_precision(h.to(torch.bfloat16)).float()
+        return out + self.branch(h) if use_extra else out
+
+
 def build_model(spec: dict, seed: int) -> nn.Module:
     """The case's model, initialized from `seed` without touching torch's global random state."""
     from gpulab.models import MLP
@@ -84,8 +104,18 @@ def build_model(spec: dict, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         if spec["kind"] == "branchy":
             return Branchy(spec["n_features"], spec["n_classes"], spec["hidden"])
+        if spec["kind"] == "real":
+            return RealModel(spec["n_features"], spec["n_classes"], spec["hidden"])
         return MLP(spec["n_features"], spec["n_classes"], hidden=spec["hidden"],
                    n_hidden=spec["n_hidden"])
+
+
+def make_optimizer(spec: dict, params) -> torch.optim.Optimizer:
+    """The case's optimizer: plain SGD shows any wrong gradient in the parameters; AdamW with
+    weight decay also moves a weight whose gradient is zero instead of None."""
+    if spec["name"] == "adamw":
+        return torch.optim.AdamW(params, lr=spec["lr"], weight_decay=spec["weight_decay"])
+    return torch.optim.SGD(params, lr=spec["lr"])
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -94,39 +124,52 @@ def rank_seed(seed: int, rank: int) -> int:
 
 
 def ddp_rank(rank, world_size, ddp_class, cases, log_dir):
-    """For each case: case["batches"] SGD steps of cross-entropy through
+    """For each case: len(case["batches"]) optimizer steps of cross-entropy through
     ddp_class(model, **case["kwargs"]), each on this rank's shard of the step's batch. Returns,
     per case, the parameters after construction and after each step, the gradients after each
     finish_gradient_sync, and the calls the wrapper made."""
     return [_ddp_case(rank, world_size, ddp_class, case, log_dir) for case in cases]
 
 
+def _learners_code():
+    """Where the learner's wrapper runs: with torch's default device set to "meta", a device
+    that holds no data. A tensor the wrapper makes without saying its device (torch.zeros(n))
+    lands there, not beside the parameters, and the checker sees it in the collectives: on a
+    GPU with nccl, a buffer left on the CPU fails the same way."""
+    return torch.device("meta")
+
+
 def _ddp_case(rank, world_size, ddp_class, case, log_dir) -> dict:
-    model = build_model(case["model"], rank_seed(case["seed"], rank))
+    device = torch.device("cpu")
+    if case["device"] == "cuda":  # nccl: the launcher gave this rank its own GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    model = build_model(case["model"], rank_seed(case["seed"], rank)).to(device)
     params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
     log = CallLog(log_path(log_dir, rank))
     log.set_phase(f"case: {case['label']}")
-    with log.recording():
+    with log.recording(), _learners_code():
         log.set_phase("construct")
         ddp = ddp_class(model, **case["kwargs"])
     torch_ddp = isinstance(ddp, nn.parallel.DistributedDataParallel) or any(
         isinstance(m, nn.parallel.DistributedDataParallel) for m in _modules(ddp))
-    start = [p.detach().clone() for p in params]
+    start = [p.detach().to("cpu", copy=True) for p in params]
     ready = []  # the checker's own hooks, registered after the learner's: they run after theirs
-    for p in params:
+    for p in trainable:
         p.register_post_accumulate_grad_hook(lambda p: ready.append(1))
-    optimizer = torch.optim.SGD(params, lr=case["lr"])
+    optimizer = make_optimizer(case["optimizer"], params)
     grads, after, unwaited = [], [], []
     for step, (x, y) in enumerate(case["batches"]):
         shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
+        x, y = x.to(device), y.to(device)
         extra = {} if case["use_extra"] is None else {"use_extra": case["use_extra"][rank]}
         optimizer.zero_grad(set_to_none=True)
         ready.clear()
-        with log.recording():
+        with log.recording(), _learners_code():
             log.set_phase("forward", step)
             loss = F.cross_entropy(ddp(x[shard], **extra), y[shard])
             log.set_phase("backward", step)
-            log.pending = lambda: len(params) - len(ready)
+            log.pending = lambda: len(trainable) - len(ready)
             try:
                 loss.backward()
             finally:
@@ -136,9 +179,10 @@ def _ddp_case(rank, world_size, ddp_class, case, log_dir) -> dict:
             log.set_phase("step", step)
         unwaited.append(sum(1 for c in log.calls if c["step"] == step and c["async"]
                             and c["phase"] in ("backward", "finish") and not c["waited"]))
-        grads.append([None if p.grad is None else p.grad.detach().clone() for p in params])
+        grads.append([None if p.grad is None else p.grad.detach().to("cpu", copy=True)
+                      for p in params])
         optimizer.step()
-        after.append([p.detach().clone() for p in params])
+        after.append([p.detach().to("cpu", copy=True) for p in params])
     return {"start": start, "grads": grads, "params": after, "calls": log.calls,
             "unwaited": unwaited, "borrowed": log.borrowed, "torch_ddp": torch_ddp}
 

@@ -4,18 +4,26 @@
                                      buckets and overlap, in fast_ddp.py)
 
 Each rank builds the case's model from a seed of its own (so only a broadcast makes them equal),
-wraps it in the learner's class, and takes a few SGD steps on its shard of each batch; the
+wraps it in the learner's class, and takes a few optimizer steps on its shard of each batch; the
 checker replays the same steps in one process on the whole batch and compares, step by step:
 the parameters after construction (rank 0's, on every rank), the gradients after
 finish_gradient_sync and the parameters after each step (identical on every rank, equal to
 single-process training). When ranks hang or crash, the recorded collectives say where they
 first disagreed.
+
+The gradients follow torch DDP's rules, which a real model needs: a frozen parameter gets none;
+one that no rank used keeps None (AdamW with weight decay, REAL's optimizer, would move it on a
+zero); one used on some ranks gets the mean, zeros counted for the others. Buckets hold one dtype
+each, and the wrapper's tensors live on the parameters' device: the ranks run the learner's code
+with torch's default device set to "meta", so a tensor made without a device shows in the
+collectives (calls.py records each one's dtype and device).
 Taught in: lessons/05_multi_gpu_strategies.ipynb
 """
 
 from __future__ import annotations
 
 import copy
+import re
 
 import torch
 import torch.nn.functional as F
@@ -27,38 +35,62 @@ from gpulab.checks.harness.training import param_copies
 from gpulab.checks.lab3 import ranks as lab3_ranks
 
 DDP_TIMEOUT_S = 30.0  # a few steps of a tiny model: seconds; a rank that waits: forever
-LR = 0.5  # plain SGD: any wrong gradient shows in the parameters
+SGD = {"name": "sgd", "lr": 0.5}  # plain SGD: any wrong gradient shows in the parameters
+# AdamW with weight decay: a zero gradient where None was due still moves the weight.
+ADAMW = {"name": "adamw", "lr": 0.01, "weight_decay": 0.1}
 GRAD_RTOL = 1e-4  # float32 sums in another order: far closer than this
+BF16_RTOL = 2e-2  # bf16 keeps 8 significant bits: a sum rounded once more is within this
 BATCH = 12  # examples per step, split evenly over 2, 3 or 4 ranks
 MLP = {"kind": "mlp", "n_features": 12, "n_classes": 5, "hidden": 16, "n_hidden": 2}
 BRANCHY = {"kind": "branchy", "n_features": 12, "n_classes": 5, "hidden": 16}
+REAL = {"kind": "real", "n_features": 12, "n_classes": 5, "hidden": 16}  # ranks.RealModel
+REAL_LABEL = ("a model with a frozen layer, a bf16 layer, a branch used on rank 0 only and a "
+              "layer no rank uses, trained with AdamW(weight_decay=0.1)")
 
 
 # ----------------------------------------------------------------------------- the cases
 
 
-def make_case(label, model, seed, world_size, kwargs, use_extra=None, steps=3) -> dict:
+def make_case(label, model, seed, world_size, kwargs, use_extra=None, steps=3,
+              optimizer=SGD, device="cpu") -> dict:
     g = torch.Generator().manual_seed(seed)
     batches = [(torch.randn(BATCH, model["n_features"], generator=g),
                 torch.randint(0, model["n_classes"], (BATCH,), generator=g))
                for _ in range(steps)]
     extra = None if use_extra is None else [bool(use_extra(r)) for r in range(world_size)]
-    return {"label": label, "model": model, "seed": seed, "kwargs": kwargs, "lr": LR,
-            "batches": batches, "use_extra": extra}
+    return {"label": label, "model": model, "seed": seed, "kwargs": kwargs,
+            "optimizer": optimizer, "batches": batches, "use_extra": extra, "device": device}
+
+
+def real_case(seed, world_size, kwargs, device="cpu") -> dict:
+    """The case torch DDP's rules are about: frozen, unused and partly used parameters, mixed
+    dtypes, and an optimizer that tells a zero gradient from none."""
+    where = f"{world_size} GPUs with nccl" if device == "cuda" else f"{world_size} ranks"
+    return make_case(f"{REAL_LABEL}, on {where}", REAL, seed, world_size, kwargs,
+                     use_extra=lambda rank: rank == 0, optimizer=ADAMW, device=device)
 
 
 class Replay:
-    """The case's steps, replayed in this process: each rank's own start, each rank's local
-    gradients, and their mean (missing gradients count as zero), step after step from rank 0's
-    start. With every parameter used on every rank, that mean is the gradient of single-process
-    training on the whole batch."""
+    """The case's steps, replayed in this process by torch DDP's rules: each rank's own start;
+    each rank's local gradients; their mean, where a rank without a gradient adds zeros, and
+    None where no rank has one (frozen parameters, and those no rank used); and the optimizer's
+    step on that mean, from rank 0's start. With every parameter used on every rank, that is
+    single-process training on the whole batch.
 
-    def __init__(self, case: dict, world_size: int):
-        self.names = [n for n, _ in lab3_ranks.build_model(case["model"], 0).named_parameters()]
+    follow: the parameters rank 0 reported after each step. Each step is then replayed from
+    the ranks' own parameters, so that bf16 rounding in one step (the ranks sum in another
+    order) does not grow into a difference in the next; each step is still checked whole."""
+
+    def __init__(self, case: dict, world_size: int, follow=None):
+        first = lab3_ranks.build_model(case["model"], 0)
+        self.names = [n for n, _ in first.named_parameters()]
+        self.frozen = [not p.requires_grad for p in first.parameters()]
+        self.dtypes = [p.dtype for p in first.parameters()]
         self.starts = [param_copies(lab3_ranks.build_model(case["model"],
                                                       lab3_ranks.rank_seed(case["seed"], r)))
                        for r in range(world_size)]
         model = lab3_ranks.build_model(case["model"], lab3_ranks.rank_seed(case["seed"], 0))
+        optimizer = lab3_ranks.make_optimizer(case["optimizer"], model.parameters())
         self.local, self.grads, self.params = [], [], []
         for x, y in case["batches"]:
             local = []
@@ -67,15 +99,37 @@ class Replay:
                 extra = {} if case["use_extra"] is None else {"use_extra": case["use_extra"][r]}
                 replica = copy.deepcopy(model)
                 F.cross_entropy(replica(x[shard], **extra), y[shard]).backward()
-                local.append([torch.zeros_like(p) if p.grad is None else p.grad
-                              for p in replica.parameters()])
-            mean = [sum(g) / world_size for g in zip(*local, strict=True)]
-            with torch.no_grad():
-                for p, g in zip(model.parameters(), mean, strict=True):
-                    p -= case["lr"] * g
+                local.append([None if p.grad is None else p.grad for p in replica.parameters()])
+            mean = [_mean(grads, world_size) for grads in zip(*local, strict=True)]
+            for p, g in zip(model.parameters(), mean, strict=True):
+                p.grad = g
+            optimizer.step()
             self.local.append(local)
             self.grads.append(mean)
             self.params.append(param_copies(model))
+            if follow is not None and len(follow) >= len(self.params):
+                _load(model, follow[len(self.params) - 1])
+
+    def rtol(self, i: int) -> float:
+        return BF16_RTOL if self.dtypes[i] == torch.bfloat16 else GRAD_RTOL
+
+
+def _load(model, params) -> None:
+    """The ranks' parameters into `model`, where they fit (a learner's wrapper may have broken
+    them: then the replay goes on from its own, and the checks say what differs)."""
+    with torch.no_grad():
+        for p, theirs in zip(model.parameters(), params, strict=False):
+            if isinstance(theirs, torch.Tensor) and theirs.shape == p.shape:
+                p.copy_(theirs)
+
+
+def _mean(grads, world_size: int):
+    """The all-reduced mean of one parameter's gradients (None: this rank had none), in the
+    parameter's dtype; None when no rank had one."""
+    have = [g for g in grads if g is not None]
+    if not have:
+        return None
+    return (sum(g.float() for g in have) / world_size).to(have[0].dtype)
 
 
 def _equal(a, b) -> bool:
@@ -93,12 +147,23 @@ def _last_case(events: list[dict]) -> list[dict]:
 SAME_ORDER_HINT = (
     "Every rank must make the same all-reduces in the same order: launch bucket i only "
     "after buckets 0 .. i-1 have gone (in bucket order, not in the order they fill), and "
-    "when a parameter got no gradient on a rank (a branch its forward pass skipped), its "
-    "bucket still goes, in its turn, from finish_gradient_sync, with zeros for the "
-    "missing gradients.")
+    "when a parameter got no gradient on a rank (a branch its forward pass skipped), it "
+    "still goes on that rank, in its turn, with zeros for the missing gradient. Only a "
+    "parameter that no rank used is skipped, and on every rank: one all-reduce of a "
+    "per-parameter flag, 1 where this rank has a gradient, tells them which.")
+DEVICE_HINT = (
+    "Create every tensor the wrapper sends on its parameters' device: torch.zeros(n, "
+    "dtype=p.dtype, device=p.device), torch.tensor(flags, device=p.device). The checker runs "
+    "your wrapper with torch's default device set to 'meta' (a device without data, standing "
+    "in for a GPU), so a tensor made without a device lands there. On a GPU, nccl refuses a "
+    "buffer left on the CPU.")
+DTYPE_HINT = (
+    "A bucket is one flat tensor of one dtype: parameters of different dtypes (here bf16 "
+    "beside float32) must not share a bucket. Pass make_buckets each parameter's kind, "
+    "(p.dtype, p.device), and give each buffer its parameters' dtype.")
 
 
-def _describe(call: dict) -> str:
+def describe_call(call: dict) -> str:
     return (f"{call['call']} of {call['numel']} elements "
             f"{PHASE_WORDS.get(call['phase'], call['phase'])}")
 
@@ -115,7 +180,7 @@ def _mismatch(logs) -> str | None:
             continue
         a = next(r for r, v in sorted(seen.items()) if v is not None)
         b = next(r for r, v in sorted(seen.items()) if v != seen[a])
-        said = {r: _describe(seqs[r][k]) if seen[r] else "nothing (it made no more)"
+        said = {r: describe_call(seqs[r][k]) if seen[r] else "nothing (it made no more)"
                 for r in (a, b)}
         hint = SAME_ORDER_HINT
         if any(seen[r] and seqs[r][k]["phase"] == "construct" for r in (a, b)):
@@ -134,10 +199,26 @@ def explain_ddp_hang(error, logs) -> str:
         f"never completes. {SAME_ORDER_HINT}")
 
 
-def explain_ddp_crash(error, logs) -> str | None:
+def explain_ddp_crash(error, logs, device: str = "cpu") -> str | None:
+    off_device = _off_device(logs, device)
+    if off_device or re.search(r"\bmeta\b", error.traceback):
+        return f"{off_device or 'A tensor of the wrapper was on another device.'} {DEVICE_HINT}"
+    if "grad_dtype" in error.traceback:  # a float32 gradient assigned to a bf16 parameter
+        return DTYPE_HINT
     gloo = not error.exc_type or any(word in error.traceback for word in (
         "gloo", "Connection reset", "Connection closed", "Broken pipe"))
     return _mismatch(logs) if gloo else None
+
+
+def _off_device(logs, device: str) -> str | None:
+    """The first collective of a tensor off the parameters' device (the CPU, or "cuda" where
+    the case runs on GPUs with nccl), in words; None when every one was on it."""
+    for r, events in sorted(logs.items()):
+        for e in _last_case(events):
+            if e.get("call") and e.get("device") not in (None, device):
+                return (f"Rank {r} sent a tensor on the device '{e['device']}': "
+                        f"{describe_call(e)}, while the parameters are on '{device}'.")
+    return None
 
 
 def refuse_borrowed(name: str, results: list[dict]) -> None:
@@ -177,19 +258,17 @@ def check_steps(name: str, label: str, results, replay: Replay, world_size: int)
     for step in range(len(replay.grads)):
         want = replay.grads[step]
         for r, res in enumerate(results):
+            where = f"{name} ({label}), step {step}, rank {r}"
             got = res["grads"][step]
-            missing = [n for n, g, w in zip(replay.names, got, want, strict=True)
-                       if g is None and bool(w.any())]
-            if missing:
-                raise AssertionError(
-                    f"{name} ({label}): after finish_gradient_sync in step {step}, {missing[0]} "
-                    f"has no gradient on rank {r}. finish_gradient_sync must leave in p.grad "
-                    "the mean of the ranks' gradients, for every parameter.")
-            got = [torch.zeros_like(w) if g is None else g for g, w in zip(got, want,
-                                                                           strict=True)]
-            if rel_err(got, want) > GRAD_RTOL:
-                raise AssertionError(f"{name} ({label}), step {step}, rank {r}: "
-                                     f"{_grad_mistake(got, replay, step, r, world_size)}")
+            for i, (g, w) in enumerate(zip(got, want, strict=True)):
+                if w is None and g is not None:
+                    raise AssertionError(f"{where}: {_none_due(replay, i)}")
+                if w is not None and g is None:
+                    raise AssertionError(f"{where}: {_missing(replay, step, r, i)}")
+            for rtol, group in _by_tolerance(replay, want):
+                if rel_err([got[i] for i in group], [want[i] for i in group]) > rtol:
+                    raise AssertionError(
+                        f"{where}: {_grad_mistake(got, replay, step, r, world_size, group)}")
         for r, res in enumerate(results[1:], start=1):
             same = [a is None and b is None or a is not None and b is not None
                     and torch.equal(a, b) for a, b in zip(res["grads"][step],
@@ -207,15 +286,54 @@ def check_steps(name: str, label: str, results, replay: Replay, world_size: int)
                     f"{name} ({label}): after step {step} the parameters of rank {r} differ from "
                     "rank 0's: the ranks drifted apart. Same start and same gradients give the "
                     "same parameters.")
-        if rel_err(results[0]["params"][step], replay.params[step]) > GRAD_RTOL:
-            raise AssertionError(
-                f"{name} ({label}): after step {step} the parameters differ from single-process "
-                "training on the whole batch, although the gradients matched: does the wrapper "
-                "change the parameters outside __init__?")
+        got, want = results[0]["params"][step], replay.params[step]
+        for rtol, group in _by_tolerance(replay, want):
+            if rel_err([got[i] for i in group], [want[i] for i in group]) > rtol:
+                raise AssertionError(
+                    f"{name} ({label}): after step {step} the parameters differ from "
+                    "single-process training on the whole batch, although the gradients "
+                    "matched: does the wrapper change the parameters outside __init__?")
 
 
-def _grad_mistake(got, replay: Replay, step: int, r: int, world_size: int) -> str:
-    want = replay.grads[step]
+def _by_tolerance(replay: Replay, tensors) -> list[tuple[float, list[int]]]:
+    """The indices of the tensors that are not None, grouped by their dtype's tolerance."""
+    groups: dict[float, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            groups.setdefault(replay.rtol(i), []).append(i)
+    return sorted(groups.items())
+
+
+def _none_due(replay: Replay, i: int) -> str:
+    """What to say of a gradient where torch's DDP leaves None."""
+    param = replay.names[i]
+    if replay.frozen[i]:
+        return (f"{param} is frozen (requires_grad=False), yet it has a gradient after "
+                "finish_gradient_sync. Leave frozen parameters alone, as torch's DDP does: no "
+                "gradient, no all-reduce (sync only the parameters with p.requires_grad).")
+    return (f"{param} has a gradient after finish_gradient_sync, but no rank used it in this "
+            "step (no rank's forward ran its layer). Leave its .grad None, as torch's DDP "
+            "does, so that the optimizer skips it: a zero gradient is not the same, AdamW's "
+            "weight decay still moves the weight. One all-reduce of a flag per parameter (1 "
+            "where this rank has a gradient) tells the ranks which ones no rank used: 0.")
+
+
+def _missing(replay: Replay, step: int, r: int, i: int) -> str:
+    param = replay.names[i]
+    users = [k for k, grads in enumerate(replay.local[step]) if grads[i] is not None]
+    if r not in users:
+        return (f"{param} has no gradient after finish_gradient_sync. This rank did not use it, "
+                f"but rank {users[0]} did: every rank must end with the mean over the ranks, "
+                "zeros counted for the ranks that did not use it (as torch's DDP does), so the "
+                "copies stay equal.")
+    return (f"after finish_gradient_sync, {param} has no gradient. finish_gradient_sync must "
+            "leave in p.grad the mean of the ranks' gradients, for every parameter that some "
+            "rank used.")
+
+
+def _grad_mistake(got, replay: Replay, step: int, r: int, world_size: int, group) -> str:
+    got = [got[i] for i in group]
+    want = [replay.grads[step][i] for i in group]
     if rel_err(got, [w * world_size for w in want]) <= GRAD_RTOL:
         return (f"the gradients are {world_size} times too big: they are the sum over the "
                 f"ranks. Divide by the world size ({world_size}): single-process training on "
@@ -224,31 +342,40 @@ def _grad_mistake(got, replay: Replay, step: int, r: int, world_size: int) -> st
     if rel_err(got, [w / world_size for w in want]) <= GRAD_RTOL:
         return (f"the gradients are {world_size} times too small: divide the sum by the world "
                 "size once.")
-    local = replay.local[step][r]
+    local = [replay.local[step][r][i] for i in group]
+    local = [torch.zeros_like(w) if g is None else g for g, w in zip(local, want, strict=True)]
     if rel_err(got, local) <= GRAD_RTOL or rel_err(
             got, [g / world_size for g in local]) <= GRAD_RTOL:
         return ("the gradients are this rank's own (those of its shard alone, maybe divided by "
                 "the world size): they never went through the all-reduce, or its result never "
                 "reached p.grad.")
     err = rel_err(got, want)
+    lost_bits = replay.dtypes[group[0]] == torch.float32 and torch.bfloat16 in replay.dtypes
+    if lost_bits and err < BF16_RTOL:
+        return (f"the float32 gradients differ from the mean by {err:.2%} of the largest "
+                f"entry, about what bf16 rounding costs: they went through a bf16 buffer. "
+                f"{DTYPE_HINT}")
     return (f"after finish_gradient_sync the gradients differ from single-process training on "
             f"the whole batch by {err:.1%} of the largest entry. p.grad must hold the sum over "
             "the ranks divided by the world size.")
 
 
-
 def check_simple_ddp(SimpleDDP, world_sizes=(2,), seed: int = 0) -> None:
     """SimpleDDP(model): every rank starts from rank 0's parameters; after
-    finish_gradient_sync, every rank's gradients are the mean over the ranks; three SGD steps
-    match single-process training on the whole batch, identical on every rank."""
+    finish_gradient_sync, every rank's gradients are the mean over the ranks, by torch DDP's
+    rules (frozen parameters and those no rank used keep None; one used on some ranks gets the
+    mean with zeros); three optimizer steps match single-process training on the whole batch,
+    identical on every rank. On each world size: an MLP with SGD, and REAL with AdamW."""
     require_own_class(SimpleDDP, "SimpleDDP")
     for p in world_sizes:
-        case = make_case(f"an MLP on {p} ranks", MLP, seed + p, p, {})
-        results = launch(lab3_ranks.ddp_rank, p, SimpleDDP, [case], name="SimpleDDP",
-                         case=case["label"], timeout_s=DDP_TIMEOUT_S, ship=(lab3_ranks,),
+        cases = [make_case(f"an MLP on {p} ranks", MLP, seed + p, p, {}),
+                 real_case(seed + p, p, {})]
+        results = launch(lab3_ranks.ddp_rank, p, SimpleDDP, cases, name="SimpleDDP",
+                         case=f"{p} ranks", timeout_s=DDP_TIMEOUT_S, ship=(lab3_ranks,),
                          explain_hang=explain_ddp_hang, explain_crash=explain_ddp_crash)
-        per_rank = [results[r][0] for r in range(p)]
-        refuse_borrowed("SimpleDDP", per_rank)
-        replay = Replay(case, p)
-        check_start("SimpleDDP", case["label"], per_rank, replay)
-        check_steps("SimpleDDP", case["label"], per_rank, replay, p)
+        for i, case in enumerate(cases):
+            per_rank = [results[r][i] for r in range(p)]
+            refuse_borrowed("SimpleDDP", per_rank)
+            replay = Replay(case, p, follow=per_rank[0]["params"])
+            check_start("SimpleDDP", case["label"], per_rank, replay)
+            check_steps("SimpleDDP", case["label"], per_rank, replay, p)
