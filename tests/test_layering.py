@@ -43,14 +43,16 @@ class Layer:
 LAYERS = (
     Layer("foundation",
           ("gpulab", "gpulab.env", "gpulab.compat", "gpulab.simulator_fix", "gpulab.source",
-           "gpulab.stubs", "gpulab.gpu_specs", "gpulab.hardware", "gpulab.timing"),
+           "gpulab.stubs", "gpulab.gpu_specs", "gpulab.hardware", "gpulab.timing",
+           "gpulab.cloud_instances", "gpulab.cloud_cost"),
           "what `import gpulab` loads (runner, simulator switch) and what every lesson stands on: "
-          "spec sheets, the timer, the stub detector; no torch at import"),
+          "spec sheets (GPUs, cloud machines), napkin maths, the timer, the stub detector; no "
+          "torch at import"),
     Layer("kernels and simulator", ("gpulab.kernels.*", "gpulab.sim.*"),
           "the Numba kernels and the simulator's tracer: Numba and NumPy, nothing of the library"),
     Layer("library",
-          ("gpulab.models", "gpulab.data", "gpulab.checkpoint", "gpulab.train",
-           "gpulab.precision", "gpulab.viz", "gpulab.monitor", "gpulab.quiz",
+          ("gpulab.models", "gpulab.data", "gpulab.checkpoint", "gpulab.train", "gpulab.run_log",
+           "gpulab.precision", "gpulab.viz", "gpulab.monitor", "gpulab.quiz.*",
            "gpulab.slow_pipeline", "gpulab.memory.*", "gpulab.profiling.*",
            "gpulab.distributed.*"),
           "what the lessons teach: training, precision, memory, profiling, distributed, pictures"),
@@ -67,9 +69,10 @@ LAYERS = (
     Layer("checks registry", ("gpulab.checks", "gpulab.checks.keys"),
           "finds a lab's package by name (importlib) and computes its answer keys"),
     Layer("tools", ("gpulab.self_check.*", "gpulab.explorers.*", "gpulab.doctor",
-                    "gpulab.colab", "gpulab.__main__"),
+                    "gpulab.colab", "gpulab.__main__", "gpulab.quiz.__main__"),
           "what a person calls from a notebook or a shell: progress(), explorers, doctor, "
-          "colab cells; nothing in the library imports them"),
+          "colab cells, a learner's quiz numbers and answers; nothing in the library imports "
+          "them"),
     Layer("grader", ("autograder.*",),
           "nbgrader underneath, sandboxed kernels; it runs checkers only in the grading kernel "
           "or as a subprocess (see NEVER)"),
