@@ -301,8 +301,8 @@ def ring_all_reduce(tensor, op="sum"):
 '''}, scores=LAB3_ZERO, flags=("kernel died",), reasons=(("cell 15", "SIGKILL"),)),
 ]
 
-LAB4_FULL = {"test_diagnosis": 3.0, "test_fit_step": 5.0, "test_fast_results": 2.0,
-             "test_speedup": 4.0}
+LAB4_FULL = {"test_diagnosis": 3.0, "test_fit_step": 5.0, "test_profile_reading": 3.0,
+             "test_fast_results": 2.0, "test_fast_technique": 2.0, "test_speedup": 4.0}
 
 # Lab 4 grades a speed-up with the clock and a fit with a memory budget: both live in the
 # learner's process, so tampering with either must cost the part it would have bought.
@@ -325,7 +325,8 @@ def _kind_clock():
 
 
 time.perf_counter = _kind_clock
-''', scores={**LAB4_FULL, "test_fast_results": 0.0, "test_speedup": 0.0},
+''', scores={**LAB4_FULL, "test_fast_results": 0.0, "test_fast_technique": 0.0,
+             "test_speedup": 0.0},
          flags=("time.perf_counter",), reasons=voided("test_fast_results")),
 ]
 

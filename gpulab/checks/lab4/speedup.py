@@ -1,4 +1,4 @@
-"""Checker for Lab 4, Part B2: fast_train at least 3x as fast as slow_train, with the same
+"""Checker for Lab 4, Part B4: fast_train at least 3x as fast as slow_train, with the same
 results (solutions/lab4_memory_and_profiling/lab4_memory_and_profiling.ipynb).
 
     check_speedup(fast_train)         the same results (fast_results.check_fast_results), then

@@ -1,0 +1,111 @@
+"""Lab 4, Part B1: read slow_train's profile (check_profile_reading).
+
+The learner profiles one step of slow_train at a time (profile_steps for the phases,
+count_transfers for the host-device traffic) and answers from what they read: the largest phase,
+its share of the step, the syncs per step and the bytes copied to the device per step. The
+expected answers come from `expected_profile`, which the grader runs outside the learner's kernel
+(gpulab/checks/keys.py). The counts are exact on either runner; the share is a timing, so it is
+graded within SHARE_ATOL, and a phase within SHARE_ATOL of the largest counts as the largest.
+Taught in: lessons/08_profiling_and_optimization.ipynb
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpulab.checks.harness.numbers import as_number
+from gpulab.checks.harness.training import one_thread
+from gpulab.profiling import profile_steps
+from gpulab.profiling.transfers import count_transfers
+from gpulab.slow_pipeline import MICRO_BATCH_SIZE, pipeline_problem, slow_train
+
+SHARE_ATOL = 0.10  # a share of a timed step: two profiles of the same step differ by a few points
+COUNT_RTOL = 0.01  # syncs and bytes are counted, not timed: exact up to how they are written
+PROFILED_STEPS, COUNTED_STEPS = 3, 2
+
+
+def slow_step(problem):
+    """(one step of slow_train on a fresh model, each call on the next batch; the model)."""
+    model = problem.new_model()
+    optimizer = problem.new_optimizer(model)
+    seeds = iter(range(1_000_000))
+
+    def one_slow_step():
+        slow_train(model, optimizer, problem.images, problem.labels, steps=1,
+                   batch_size=problem.batch_size, seed=next(seeds))
+
+    return one_slow_step, model
+
+
+@one_thread()
+def expected_profile() -> dict:
+    """slow_train's phases' shares of a step, its largest phase, and its syncs, copies to the
+    device and their bytes per step, as plain values."""
+    problem = pipeline_problem()
+    step, _ = slow_step(problem)
+    shares = profile_steps(step, steps=PROFILED_STEPS, warmup=1).phases().shares()
+    step, model = slow_step(problem)
+    counts = count_transfers(step, model, steps=COUNTED_STEPS)
+    return {"shares": {k: float(v) for k, v in shares.items()},
+            "phase": max(shares, key=shares.get), "syncs": counts.syncs,
+            "h2d_copies": counts.h2d_copies, "h2d_bytes": counts.h2d_bytes,
+            "micro_batches": problem.batch_size // MICRO_BATCH_SIZE}
+
+
+def _count_hint(got: float, want: dict, key: str, what: str) -> str:
+    per_step, micro = want[key], want["micro_batches"]
+    if math.isclose(got, per_step / micro, rel_tol=COUNT_RTOL):
+        return (f"that is per micro-batch; a step runs {micro} micro-batches. Answer per step, "
+                "as the counts are printed.")
+    for steps in (PROFILED_STEPS, COUNTED_STEPS, 5):
+        if math.isclose(got, per_step * steps, rel_tol=COUNT_RTOL):
+            return f"that is the total over {steps} steps; answer per step (the mean)."
+    if key == "h2d_bytes" and any(math.isclose(got * k, per_step, rel_tol=COUNT_RTOL)
+                                  for k in (1000, 1024)):
+        return "that is in kilobytes; answer in bytes."
+    return (f"read the {what} row of count_transfers(...) for slow_train's step, as printed "
+            "above, and take it from the result's attributes rather than copying it.")
+
+
+@one_thread()
+def check_profile_reading(dominant_phase, phase_share, syncs_per_step, h2d_bytes_per_step,
+                          want: dict | None = None) -> None:
+    """The largest phase of slow_train's step, its share of the step (a fraction), its
+    host-device syncs per step and its bytes copied host-to-device per step, against `want`
+    (expected_profile: the grader's answer key; computed here when None)."""
+    answers = (dominant_phase, phase_share, syncs_per_step, h2d_bytes_per_step)
+    if all(answer is None for answer in answers):  # the release's placeholders, untouched
+        raise AssertionError(
+            "DOMINANT_PHASE, PHASE_SHARE, SYNCS_PER_STEP and H2D_BYTES_PER_STEP are still None: "
+            "the answer cell raised NotImplementedError before computing them. Replace "
+            "`raise NotImplementedError()` with your code.")
+    want = expected_profile() if want is None else want
+    shares, largest = want["shares"], want["phase"]
+    table = "\n  " + "\n  ".join(f"{k:<10}{v:6.1%}" for k, v in shares.items())
+    if dominant_phase not in shares:
+        raise AssertionError(f"DOMINANT_PHASE is {dominant_phase!r}; it should be one of "
+                             f"{tuple(shares)}, the rows of profile.phases().")
+    if shares[dominant_phase] < shares[largest] - SHARE_ATOL:
+        raise AssertionError(
+            f"DOMINANT_PHASE = {dominant_phase!r}: in the grader's profile of slow_train it took "
+            f"{shares[dominant_phase]:.0%} of the step, while {largest!r} took "
+            f"{shares[largest]:.0%}. Take the phase with the largest time per step, over the "
+            "whole step, not the op at the top of top_ops. The grader's shares:" + table)
+    share = as_number(phase_share, "PHASE_SHARE")
+    expected = shares[dominant_phase]
+    if abs(share - expected) > SHARE_ATOL:
+        if 1 < share <= 100 and abs(share / 100 - expected) <= SHARE_ATOL:
+            hint = "a share is a fraction between 0 and 1, not a percentage (0.5, not 50)."
+        else:
+            hint = ("divide the phase's time per step by the step's time (profile.phases(): "
+                    ".shares()), over all five phases, 'other' included.")
+        raise AssertionError(f"PHASE_SHARE = {share:g} for {dominant_phase!r}; the grader's "
+                             f"profile gives {expected:.2f} (within {SHARE_ATOL}): " + hint
+                             + " The grader's shares:" + table)
+    for value, name, key, what in ((syncs_per_step, "SYNCS_PER_STEP", "syncs", "syncs"),
+                                   (h2d_bytes_per_step, "H2D_BYTES_PER_STEP", "h2d_bytes",
+                                    "bytes copied")):
+        got = as_number(value, name)
+        if not math.isclose(got, want[key], rel_tol=COUNT_RTOL):
+            raise AssertionError(f"{name} = {got:g}, expected {want[key]:g} for slow_train's "
+                                 f"step: " + _count_hint(got, want, key, what))
