@@ -342,24 +342,36 @@ LAB4 = Spec(
                 "test_diagnosis", r"not a percentage"),
         Mistake("undivided_loss", "fit_step", " * (len(x_micro) / n_total)", "",
                 "test_fit_step", r"4 times the batch's gradient"),
-        # A wrong fast_train fails both of its tests: the speed-up counts only for the same
-        # results.
+        Mistake("syncs_per_micro_batch", "profile_reading", "SYNCS_PER_STEP = transfers.syncs\n",
+                "SYNCS_PER_STEP = transfers.syncs / 8  # 8 micro-batches a step\n",
+                "test_profile_reading", r"SYNCS_PER_STEP = 4, expected 32 .* per micro-batch"),
+        # A wrong fast_train fails all three of its tests: the technique and the speed-up count
+        # only for the same results.
         Mistake("scaled_not_standardized", "fast_train",
                 "x_all = (v - v.mean(1, keepdim=True)) / v.std(1, correction=0, keepdim=True)",
                 "x_all = v", "test_fast_results",
                 r"The transform differs: the images were scaled to \[0, 1\] \(pixel / 16\) but "
-                r"not standardized", also_fails=("test_speedup",)),
+                r"not standardized", also_fails=("test_fast_technique", "test_speedup")),
+        # Right and fast on a CPU, where a sync has nothing to wait for: only the count tells.
+        Mistake("item_every_step", "fast_train",
+                "        losses.append(loss.detach())  # stays a tensor: no sync\n"
+                "    return torch.stack(losses).tolist()  # one sync, at the end",
+                "        losses.append(loss.item())  # read every step\n    return losses",
+                "test_fast_technique", r"fast_train made 1\.00 host-device syncs a step"),
         Mistake("slow_train_renamed", "fast_train", "    model.train()\n",
                 "    return slow_train(model, optimizer, images, labels, steps=steps,\n"
                 "                      batch_size=batch_size, seed=seed)\n", "test_speedup",
-                r"fast_train is [\d.]+x as fast as slow_train; it must be at least 3x"),
+                r"fast_train is [\d.]+x as fast as slow_train; it must be at least 3x",
+                also_fails=("test_fast_technique",)),
     ),
-    end_to_end=("share_in_percent", "scaled_not_standardized"),  # fit_step left right
-    together="two_mistakes",
+    # fit_step left right
+    end_to_end=("share_in_percent", "syncs_per_micro_batch", "scaled_not_standardized"),
+    together="three_mistakes",
     hidden_at_least=6,
-    # The OOM scenario and its measured step (Part A1's answers read `measured`), and the slow
-    # pipeline's imports (fast_train calls example_order; the wrong one calls slow_train).
-    context=("806356e7", "8f9c99fa", "8c95df90"),
+    # The OOM scenario and its measured step (Part A1's answers read `measured`), the slow
+    # pipeline's imports (fast_train calls example_order; the wrong one calls slow_train) and
+    # its profile (Part B1's answers read `profile` and `transfers`).
+    context=("806356e7", "8f9c99fa", "8c95df90", "e977d580"),
     checker_tests="tests/test_checks_lab4.py",
     marks=(pytest.mark.lab4,),
 )
@@ -378,12 +390,21 @@ LAB5 = Spec(
                 "        block.ff = TPMLP(block.ff, groups.tp)  # this rank's half of each MLP\n",
                 "        pass\n", "test_pp_tp_cluster",
                 r"blocks\.0\.ff is a FeedForward, not your TPMLP: replace each Block's MLP"),
+        Mistake("image_too_new", "cloud_job", "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime",
+                "pytorch/pytorch:2.6.0-cuda12.6-cudnn9-runtime", "test_cloud_job",
+                r"Use an image built for CUDA 12\.4 or older: .* needs CUDA 12\.6, newer than "
+                r"the VMs' driver runs"),
+        Mistake("checkpoints_hours_apart", "cloud_job", "str(round(60 * every))", '"240"',
+                "test_cloud_job",
+                r"Checkpoint at most every 90 minutes: every 240 loses .* = 11\.2% of the time"),
     ),
-    end_to_end=("mlp_left_whole",),
-    hidden_at_least=4,
-    # `import copy` and the pipeline's pieces (split_gpt, PipelineStage, run_pipeline), which
-    # the answers use.
-    context=("f8f60780", "bc9ed312"),
+    # Part 5's mistake rides with Part 4's: one notebook, one cluster run.
+    end_to_end=("mlp_left_whole", "image_too_new"),
+    together="two_mistakes",
+    hidden_at_least=5,
+    # `import copy`, the pipeline's pieces (split_gpt, PipelineStage, run_pipeline) and JobSpec,
+    # and Part 5's cost functions, which the answers use.
+    context=("f8f60780", "bc9ed312", "part5-given"),
     checker_tests="tests/test_checks_lab5.py",
     marks=(pytest.mark.lab5, pytest.mark.dist),
 )

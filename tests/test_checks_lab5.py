@@ -11,6 +11,7 @@ code with one change.
 Each tensor-parallel check is one launch of 2 (or 4) processes; the schedule checks need none.
 """
 
+import dataclasses
 import re
 import types
 
@@ -19,7 +20,8 @@ from grading_specs import LAB5 as SPEC
 from lab_submissions import Lab, cell_by_grade_id
 from torch import nn
 
-from gpulab.checks.lab5 import check_one_f_one_b, check_tp_linear, check_tp_mlp
+from gpulab.checks.keys import answer_key
+from gpulab.checks.lab5 import check_cloud_job, check_one_f_one_b, check_tp_linear, check_tp_mlp
 from gpulab.checks.lab5 import ranks as lab5_ranks
 from gpulab.checks.lab5 import tp_linear as lab5
 from gpulab.checks.lab5.shared import RankView, layout, require_function
@@ -267,6 +269,54 @@ def one_f_one_b_stage(p, m, stage):
     return [list(action) for action in _tuples(p, m, stage)]
 """).one_f_one_b_stage)
     assert stage(2, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+# ----------------------------------------------------------------------------- Part 5
+
+
+def cloud_job(**changes):
+    """The solution's cloud_job, its JobSpec with `changes` (dataclasses.replace)."""
+    module = types.ModuleType("__main__")
+    exec("from gpulab.distributed import JobSpec\n"
+         "from gpulab.cloud_cost import young_checkpoint_interval", module.__dict__)
+    exec(compile(cell_by_grade_id(SOLUTION, "cloud_job").source, CELL_FILE, "exec"),
+         module.__dict__)
+    spec = dataclasses.replace(module.cloud_job(), **changes)
+    return lambda: spec
+
+
+def test_the_answers_cloud_job_passes_with_the_limits_the_grader_computes():
+    check_cloud_job(cloud_job())
+    check_cloud_job(cloud_job(), need=answer_key("lab5.cloud_job"))
+    assert answer_key("lab5.cloud_job")["max_interval_min"] == 90  # 2(f/λ - r) h: 2(1 - 0.25)
+
+
+WRONG_CLOUD_JOBS = {  # and SPEC's image_too_new and checkpoints_hours_apart
+    "one_process_per_node": ({"procs_per_node": 1}, r"One process per GPU: procs_per_node=8\. "
+                             r"torchrun starts 2 x 1 = 2 processes for 16 GPUs"),
+    "one_node": ({"nodes": 1}, r"Set nodes=2, the scenario's"),
+    "other_machine": ({"machine_type": "a2-highgpu-8g"}, r"Set machine_type='a3-highgpu-8g'"),
+    "on_demand": ({"spot": False}, r"Set spot=True"),
+    "spot_without_restarts": ({"max_restarts": 0}, r"spot=True with max_restarts=0"),
+    "cpu_image": ({"base_image": "pytorch/pytorch:latest"},
+                  r"whose tag names its CUDA.*runs CUDA up to 12\.4"),
+    "little_shm": ({"shm_gb": 4}, r"Give /dev/shm 16 GiB per node \(shm_gb\): 8 processes x 2 "
+                   r"GiB.*--shm-size=4g"),
+    "saves_too_often": ({"args": ("--checkpoint-every-min", "10")},
+                        r"at least 40 minutes apart: .* every 10 spends 20\.0% of the time"),
+    "no_interval": ({"args": ()}, r"Pass the checkpoint interval to the script"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_CLOUD_JOBS)
+def test_a_wrong_cloud_job_fails_with_its_message(name):
+    changes, match = WRONG_CLOUD_JOBS[name]
+    fails(check_cloud_job, cloud_job(**changes), match=match)
+
+
+def test_a_cloud_job_that_is_not_a_jobspec_is_named():
+    fails(check_cloud_job, lambda: {"nodes": 2}, match=r"cloud_job\(\) returned dict: return a "
+          r"gpulab\.distributed\.JobSpec")
 
 
 # ----------------------------------------------------------------------------- known mistakes

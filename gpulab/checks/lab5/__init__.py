@@ -6,10 +6,13 @@ last part on a 2-node local cluster (pp_tp_cluster.py, cluster_rank.py, cluster_
     check_tp_mlp(TPMLP)                            Part 2  a Megatron MLP
     check_one_f_one_b(one_f_one_b_stage)           Part 3  the 1F1B schedule
     check_pp_tp_cluster(pp_tp_step, ...)           Part 4  pp x tp GPT on two nodes
+    check_cloud_job(cloud_job)                     Part 5  the same job on spot cloud GPUs
 
-Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb
+Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb (Part 5: its section 12, and
+lessons/01's cost of a run)
 """
 
+from gpulab.checks.lab5.cloud_job import check_cloud_job, limits
 from gpulab.checks.lab5.one_f_one_b import check_one_f_one_b
 from gpulab.checks.lab5.pp_tp_cluster import check_pp_tp_cluster
 from gpulab.checks.lab5.tp_linear import check_tp_linear
@@ -27,8 +30,9 @@ ASSIGNMENT = Assignment("lab5_parallelism_across_nodes", (
     part("pp_tp_cluster", 5, Check(
         "check_pp_tp_cluster", ("pp_tp_step", "TPMLP", *TP_LAYERS, "one_f_one_b_stage"),
         {"nodes": 2, "procs_per_node": 2, "n_microbatches": 4})),
+    part("cloud_job", 3, Check("check_cloud_job", ("cloud_job",), {})),
 ))
-ANSWERS = {}
+ANSWERS = {"cloud_job": lambda: limits()}  # the scenario's limits, the same for every learner
 
-__all__ = ["ANSWERS", "ASSIGNMENT", "check_one_f_one_b", "check_pp_tp_cluster",
+__all__ = ["ANSWERS", "ASSIGNMENT", "check_cloud_job", "check_one_f_one_b", "check_pp_tp_cluster",
            "check_tp_linear", "check_tp_mlp"]
