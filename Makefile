@@ -37,7 +37,8 @@ SUBMISSIONS ?=
 RUNNER ?= cpu
 JOBS ?= 1
 
-.PHONY: install grader-tools lab test lint bench gpu-check doctor release grade clean
+.PHONY: install grader-tools browser-tools lab lab-instructor test lint bench gpu-check doctor \
+  release grade clean
 
 install: $(STAMP)
 
@@ -58,9 +59,36 @@ grader-tools: install
 	  fi; }
 	@$(PY) -m autograder.sandbox >/dev/null || $(PY) -m autograder.sandbox | sed 's/^/warning: /'
 
+# tests/test_browser.py drives headless Chromium; install it where we can, else it is skipped.
+BROWSER_PACKAGES := chromium chromium-driver
+browser-tools:
+	@command -v chromedriver >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -qq --no-install-recommends $(BROWSER_PACKAGES) >/dev/null 2>&1 || \
+	    { apt-get update -qq && \
+	      apt-get install -y -qq --no-install-recommends $(BROWSER_PACKAGES) >/dev/null; } || \
+	    echo "warning: could not install $(BROWSER_PACKAGES): the browser test is skipped."; \
+	  else \
+	    echo "warning: chromedriver is missing: the browser test (tests/test_browser.py) is" \
+	         "skipped. Install it with: sudo apt-get install $(BROWSER_PACKAGES)"; \
+	  fi; }
+
+# Learners get JupyterLab without nbgrader's instructor tools (its menu, Create Assignment, the
+# formgrader, the course and assignment lists) but with its Validate button: the Jupyter config
+# in jupyter-config/learner/ turns them off for this launch only, ahead of the installed config.
+# `make lab-instructor` opens the same JupyterLab with all of them.
+# LAB_ROOT: the folder it serves (the tests serve a scratch one).
+LAB_ROOT ?= $(CURDIR)
+LAB_ARGS = --ServerApp.root_dir="$(LAB_ROOT)" --LabApp.default_url=/lab/tree/lessons \
+  $(ALLOW_ROOT) $(JUPYTER_ARGS)
+LEARNER_CONFIG := $(CURDIR)/jupyter-config/learner
+
 lab: install
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" \
-	  --LabApp.default_url=/lab/tree/lessons $(ALLOW_ROOT) $(JUPYTER_ARGS)
+	JUPYTER_CONFIG_PATH="$(LEARNER_CONFIG)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab $(LAB_ARGS)
+
+lab-instructor: install
+	$(VENV)/bin/jupyter lab $(LAB_ARGS)
 
 # Unit and end-to-end tests, and every lesson re-executed against its committed outputs.
 # --dist loadfile: a file's tests on one worker, as nbval needs (a notebook's cells share a
@@ -68,7 +96,7 @@ lab: install
 # longest files first (--no-loadscope-reorder keeps that order).
 # Its wall time goes to benchmarks/results/make-test.json, which `make bench` reports (target:
 # under 20 minutes on a 2-core machine).
-test: install grader-tools
+test: install grader-tools browser-tools
 	@start=$$(date +%s); \
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests lessons \
 	  $(NBVAL) --nbval-sanitize-with lessons/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS); \

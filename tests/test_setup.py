@@ -69,6 +69,7 @@ def readme_commands() -> list[str]:
 # test here makes test_every_readme_command_is_exercised fail.
 EXERCISED = {
     "make lab": "test_make_lab_serves_the_lessons_and_stops_cleanly",
+    "make lab-instructor": "tests/test_lab_roles.py (the learner and the instructor launches)",
     "make test": "CI runs it (.ci/run); test_make_test_runs_pytest checks what it runs",
     "python -m gpulab doctor": "tests/test_doctor.py::test_doctor_names_runner_and_simulator",
     "make doctor": "test_make_targets_are_defined",
