@@ -23,12 +23,12 @@ from gpulab.slow_pipeline import (
 pytestmark = pytest.mark.lab4
 
 
-def _standardized(images, correction=0):
+def standardized(images, correction=0):
     v = images.reshape(len(images), 64).float() / 16  # (N, 64)
     return (v - v.mean(1, keepdim=True)) / v.std(1, correction=correction, keepdim=True)
 
 
-def _order(n, steps, batch_size, seed, reseed_each_pass=False):
+def batch_order(n, steps, batch_size, seed, reseed_each_pass=False):
     passes = -(-steps * batch_size // n)
     g = torch.Generator().manual_seed(seed)
     perms = []
@@ -54,39 +54,40 @@ def _train(model, optimizer, x_all, y_all, order, reduction="mean", skip_last=Fa
 def fast_train(model, optimizer, images, labels, *, steps, batch_size, seed):
     """The transform once for all images, one batch a step, no syncs until the end."""
     device = next(model.parameters()).device
-    x_all, y_all = _standardized(images).to(device), labels.to(device)
-    order = _order(len(labels), steps, batch_size, seed).to(device)
+    x_all, y_all = standardized(images).to(device), labels.to(device)
+    order = batch_order(len(labels), steps, batch_size, seed).to(device)
     return _train(model, optimizer, x_all, y_all, order)
 
 
 def fast_unshuffled(model, optimizer, images, labels, *, steps, batch_size, seed):
     order = torch.arange(steps * batch_size).remainder(len(labels)).view(steps, batch_size)
-    return _train(model, optimizer, _standardized(images), labels, order)
+    return _train(model, optimizer, standardized(images), labels, order)
 
 
 def fast_reseeded(model, optimizer, images, labels, *, steps, batch_size, seed):
-    order = _order(len(labels), steps, batch_size, seed, reseed_each_pass=True)
-    return _train(model, optimizer, _standardized(images), labels, order)
+    order = batch_order(len(labels), steps, batch_size, seed, reseed_each_pass=True)
+    return _train(model, optimizer, standardized(images), labels, order)
 
 
 def fast_scaled_only(model, optimizer, images, labels, *, steps, batch_size, seed):
     x_all = images.reshape(len(images), 64).float() / 16
-    return _train(model, optimizer, x_all, labels, _order(len(labels), steps, batch_size, seed))
+    order = batch_order(len(labels), steps, batch_size, seed)
+    return _train(model, optimizer, x_all, labels, order)
 
 
 def fast_unbiased_std(model, optimizer, images, labels, *, steps, batch_size, seed):
-    order = _order(len(labels), steps, batch_size, seed)
-    return _train(model, optimizer, _standardized(images, correction=1), labels, order)
+    order = batch_order(len(labels), steps, batch_size, seed)
+    return _train(model, optimizer, standardized(images, correction=1), labels, order)
 
 
 def fast_summed(model, optimizer, images, labels, *, steps, batch_size, seed):
-    order = _order(len(labels), steps, batch_size, seed)
-    return _train(model, optimizer, _standardized(images), labels, order, reduction="sum")
+    order = batch_order(len(labels), steps, batch_size, seed)
+    return _train(model, optimizer, standardized(images), labels, order, reduction="sum")
 
 
 def fast_half_batch(model, optimizer, images, labels, *, steps, batch_size, seed):
-    order = _order(len(labels), steps, batch_size // 2, seed)
-    return _train(model, optimizer, _standardized(images), labels, order)
+    order = batch_order(len(labels), steps, batch_size // 2, seed)
+    return _train(model, optimizer, standardized(images), labels, order)
 
 
 def fast_on_a_copy(model, optimizer, images, labels, *, steps, batch_size, seed):
@@ -99,8 +100,8 @@ def fast_on_a_copy(model, optimizer, images, labels, *, steps, batch_size, seed)
 
 
 def fast_skip_last(model, optimizer, images, labels, *, steps, batch_size, seed):
-    order = _order(len(labels), steps, batch_size, seed)
-    return _train(model, optimizer, _standardized(images), labels, order, skip_last=True)
+    order = batch_order(len(labels), steps, batch_size, seed)
+    return _train(model, optimizer, standardized(images), labels, order, skip_last=True)
 
 
 def fast_tensor(model, optimizer, images, labels, *, steps, batch_size, seed):
@@ -134,7 +135,7 @@ def fast_no_item(model, optimizer, images, labels, *, steps, batch_size, seed):
     return torch.stack(losses).tolist()
 
 
-def _fails(check, fn, **kwargs) -> str:
+def failure_message(check, fn, **kwargs) -> str:
     with pytest.raises(AssertionError) as info:
         check(fn, **kwargs)
     return str(info.value)
@@ -156,7 +157,7 @@ def test_slow_train_order_follows_example_order():
     idx = torch.tensor(example_order(len(problem.labels), 1, problem.batch_size, seed=1))
     with torch.no_grad():
         model = problem.new_model()
-        want = F.cross_entropy(model(_standardized(problem.images)[idx].to(problem.device)),
+        want = F.cross_entropy(model(standardized(problem.images)[idx].to(problem.device)),
                                problem.labels[idx].to(problem.device))
     assert losses[0] == pytest.approx(float(want), rel=1e-5)
 
@@ -180,7 +181,7 @@ def test_right_fast_train_passes_results():
     (slow_train, "gpulab's"),
 ])
 def test_wrong_fast_train_fails_with_its_message(wrong, expected):
-    assert expected in _fails(check_fast_results, wrong)
+    assert expected in failure_message(check_fast_results, wrong)
 
 
 def test_checks_run_in_full_fp32_and_restore_the_notebooks_setting():
@@ -199,11 +200,11 @@ def test_right_fast_train_is_fast_enough():
 
 def test_dropping_only_the_item_calls_is_not_enough():
     # The same results (check_speedup checks them first), but too slow; the message says why.
-    message = _fails(check_speedup, fast_no_item)
+    message = failure_message(check_speedup, fast_no_item)
     ratio = float(re.search(r"fast_train is ([\d.]+)x as fast", message).group(1))
     assert 0.5 < ratio < 3.0
     assert "model calls" in message and "ms a step" in message
 
 
 def test_a_wrong_fast_train_earns_no_speed_points():
-    assert "summed loss" in _fails(check_speedup, fast_summed)
+    assert "summed loss" in failure_message(check_speedup, fast_summed)

@@ -8,7 +8,13 @@ micro-batch, a wrong result), each of which keeps the points of the other parts.
 import pytest
 import torch
 import torch.nn.functional as F
-from test_checks_lab4_pipeline import _fails, _order, _standardized, fast_summed, fast_train
+from test_checks_lab4_pipeline import (
+    batch_order,
+    failure_message,
+    fast_summed,
+    fast_train,
+    standardized,
+)
 
 from gpulab.checks.lab4 import (
     check_fast_results,
@@ -101,11 +107,11 @@ def _fast(model, optimizer, images, labels, *, steps, batch_size, seed, read="en
     """fast_train, or one of its partial fixes: read the loss every step or every micro-batch,
     copy every micro-batch to the device."""
     device = next(model.parameters()).device
-    x_all, y_all = _standardized(images), labels
+    x_all, y_all = standardized(images), labels
     if copy == "once":
         x_all, y_all = x_all.to(device), y_all.to(device)
     losses = []
-    for idx in _order(len(labels), steps, batch_size, seed):
+    for idx in batch_order(len(labels), steps, batch_size, seed):
         if copy == "once":
             x, y = x_all[idx], y_all[idx]
         else:  # micro-batch by micro-batch, as slow_train does
@@ -146,7 +152,7 @@ def test_right_fast_train_passes_technique():
     (fast_summed, "does not give slow_train's losses"),
 ])
 def test_partial_fix_fails_technique_with_its_message(partial, expected):
-    assert expected in _fails(check_fast_technique, partial)
+    assert expected in failure_message(check_fast_technique, partial)
 
 
 def test_a_partial_fix_loses_only_the_technique():

@@ -52,18 +52,23 @@ def _number(value, name: str) -> float:
     return as_number(value, name)
 
 
+def require_answered(names: str, answers) -> None:
+    """Fail as "not started" when every answer is still the release's placeholder, None (the
+    answer cell raised NotImplementedError before it set them)."""
+    if all(answer is None for answer in answers):
+        raise AssertionError(
+            f"{names} are still None: the answer cell raised NotImplementedError before "
+            "computing them. Replace `raise NotImplementedError()` with your code.")
+
+
 @one_thread()
 def check_diagnosis(dominant_category, dominant_share, times_model_states,
                     want: dict | None = None) -> None:
     """The category holding the most bytes at the plain step's peak, its share of the peak, and
     how many times the model states (parameters + gradients + optimizer, at the peak) it is,
     against `want` (expected_diagnosis: the grader's answer key; computed here when None)."""
-    answers = (dominant_category, dominant_share, times_model_states)
-    if all(answer is None for answer in answers):  # the release's placeholders, untouched
-        raise AssertionError(
-            "DOMINANT_CATEGORY, DOMINANT_SHARE and TIMES_MODEL_STATES are still None: the "
-            "answer cell raised NotImplementedError before computing them. Replace "
-            "`raise NotImplementedError()` with your code.")
+    require_answered("DOMINANT_CATEGORY, DOMINANT_SHARE and TIMES_MODEL_STATES",
+                     (dominant_category, dominant_share, times_model_states))
     want = expected_diagnosis() if want is None else want
     scenario, peak = _plain_peak()
     sizes = want["sizes"]

@@ -15,6 +15,7 @@ import math
 
 from gpulab.checks.harness.numbers import as_number
 from gpulab.checks.harness.training import one_thread
+from gpulab.checks.lab4.diagnosis import require_answered
 from gpulab.profiling import profile_steps
 from gpulab.profiling.transfers import count_transfers
 from gpulab.slow_pipeline import MICRO_BATCH_SIZE, pipeline_problem, slow_train
@@ -73,12 +74,8 @@ def check_profile_reading(dominant_phase, phase_share, syncs_per_step, h2d_bytes
     """The largest phase of slow_train's step, its share of the step (a fraction), its
     host-device syncs per step and its bytes copied host-to-device per step, against `want`
     (expected_profile: the grader's answer key; computed here when None)."""
-    answers = (dominant_phase, phase_share, syncs_per_step, h2d_bytes_per_step)
-    if all(answer is None for answer in answers):  # the release's placeholders, untouched
-        raise AssertionError(
-            "DOMINANT_PHASE, PHASE_SHARE, SYNCS_PER_STEP and H2D_BYTES_PER_STEP are still None: "
-            "the answer cell raised NotImplementedError before computing them. Replace "
-            "`raise NotImplementedError()` with your code.")
+    require_answered("DOMINANT_PHASE, PHASE_SHARE, SYNCS_PER_STEP and H2D_BYTES_PER_STEP",
+                     (dominant_phase, phase_share, syncs_per_step, h2d_bytes_per_step))
     want = expected_profile() if want is None else want
     shares, largest = want["shares"], want["phase"]
     table = "\n  " + "\n  ".join(f"{k:<10}{v:6.1%}" for k, v in shares.items())
