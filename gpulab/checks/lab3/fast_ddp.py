@@ -25,27 +25,27 @@ from gpulab.checks.harness.owned import require_own_class, require_own_function
 from gpulab.checks.harness.ranks import launch
 from gpulab.checks.harness.training import call_learner
 from gpulab.checks.lab3 import ranks as lab3_ranks
-from gpulab.checks.lab3.simple_ddp import (
+from gpulab.checks.lab3.cases import (
     ADAMW,
     BRANCHY,
-    DDP_TIMEOUT_S,
-    DEVICE_HINT,
-    DTYPE_HINT,
     MLP,
     REAL,
     REAL_LABEL,
-    SAME_ORDER_HINT,
     SGD,
     Replay,
-    check_start,
-    check_steps,
+    make_case,
+    real_case,
+)
+from gpulab.checks.lab3.explain import (
+    DEVICE_HINT,
+    DTYPE_HINT,
+    SAME_ORDER_HINT,
     describe_call,
     explain_ddp_crash,
     explain_ddp_hang,
-    make_case,
-    real_case,
     refuse_borrowed,
 )
+from gpulab.checks.lab3.simple_ddp import DDP_TIMEOUT_S, check_start, check_steps
 
 # Part 3's cases: (model, bucket_bytes, use_extra: None or a function of the rank, overlap
 # graded, optimizer). The MLP's parameters, last first, hold 5, 80, 16, 256, 16 and 192 float32
