@@ -67,12 +67,23 @@ def test_expected_profile_matches_the_lab():
     assert (want["syncs"], want["h2d_copies"], want["h2d_bytes"]) == (32, 16, SLOW_BYTES)
     assert want["phase"] == max(want["shares"], key=want["shares"].get)
     assert sum(want["shares"].values()) == pytest.approx(1)
+    assert all(low <= want["shares"][k] <= high for k, (low, high) in want["share_ranges"].items())
     check_profile_reading(want["phase"], want["shares"][want["phase"]], 32, SLOW_BYTES, want=want)
 
 
 def test_right_reading_passes():
     check_profile_reading("data", 0.6, 32.0, SLOW_BYTES, want=WANT)
     check_profile_reading("data", 0.5, 32, SLOW_BYTES, want=WANT)  # a timing: within 0.10
+
+
+def test_a_share_within_the_graders_spread_passes_and_one_beyond_it_names_the_spread():
+    """The learner profiled under another load: the grader accepts its own runs' spread."""
+    spread = {**WANT, "share_ranges": {"data": [0.50, 0.70]}}
+    check_profile_reading("data", 0.78, 32, SLOW_BYTES, want=spread)
+    with pytest.raises(AssertionError, match=r"gives 0.55 \(0.50 to 0.70 over 3 runs, within 0.1"):
+        check_profile_reading("data", 0.85, 32, SLOW_BYTES, want=spread)
+    with pytest.raises(AssertionError, match="gives 0.55 \\(within 0.1"):
+        check_profile_reading("data", 0.78, 32, SLOW_BYTES, want=WANT)
 
 
 def test_a_phase_close_to_the_largest_counts_as_it():

@@ -4,8 +4,10 @@ The learner profiles one step of slow_train at a time (profile_steps for the pha
 count_transfers for the host-device traffic) and answers from what they read: the largest phase,
 its share of the step, the syncs per step and the bytes copied to the device per step. The
 expected answers come from `expected_profile`, which the grader runs outside the learner's kernel
-(gpulab/checks/keys.py). The counts are exact on either runner; the share is a timing, so it is
-graded within SHARE_ATOL, and a phase within SHARE_ATOL of the largest counts as the largest.
+(gpulab/checks/keys.py). The counts are exact on either runner. The share is a timing, and a busy
+machine moves it (on 2 loaded cores, 0.54 to 0.69 for the same step), so the grader profiles the
+step PROFILE_RUNS times and accepts a share within SHARE_ATOL of any of them; a phase within
+SHARE_ATOL of the largest counts as the largest.
 Taught in: lessons/08_profiling_and_optimization.ipynb
 """
 
@@ -20,9 +22,10 @@ from gpulab.profiling import profile_steps
 from gpulab.profiling.transfers import count_transfers
 from gpulab.slow_pipeline import MICRO_BATCH_SIZE, pipeline_problem, slow_train
 
-SHARE_ATOL = 0.10  # a share of a timed step: two profiles of the same step differ by a few points
+SHARE_ATOL = 0.10  # around the grader's own spread: a reading, not a measurement, is graded
 COUNT_RTOL = 0.01  # syncs and bytes are counted, not timed: exact up to how they are written
 PROFILED_STEPS, COUNTED_STEPS = 3, 2
+PROFILE_RUNS = 3  # the learner profiled at another time, under another load
 
 
 def slow_step(problem):
@@ -40,14 +43,21 @@ def slow_step(problem):
 
 @one_thread()
 def expected_profile() -> dict:
-    """slow_train's phases' shares of a step, its largest phase, and its syncs, copies to the
-    device and their bytes per step, as plain values."""
+    """slow_train's phases' shares of a step (from the middle one of PROFILE_RUNS profiles, and
+    each phase's lowest and highest share over all of them), its largest phase, and its syncs,
+    copies to the device and their bytes per step, as plain values."""
     problem = pipeline_problem()
     step, _ = slow_step(problem)
-    shares = profile_steps(step, steps=PROFILED_STEPS, warmup=1).phases().shares()
+    runs = [profile_steps(step, steps=PROFILED_STEPS, warmup=1).phases().shares()
+            for _ in range(PROFILE_RUNS)]
+    ranges = {k: [min(float(r[k]) for r in runs), max(float(r[k]) for r in runs)]
+              for k in runs[0]}
+    largest = max(runs[0], key=runs[0].get)
+    middle = sorted(runs, key=lambda run: run[largest])[len(runs) // 2]
+    shares = {k: float(v) for k, v in middle.items()}
     step, model = slow_step(problem)
     counts = count_transfers(step, model, steps=COUNTED_STEPS)
-    return {"shares": {k: float(v) for k, v in shares.items()},
+    return {"shares": shares, "share_ranges": ranges,
             "phase": max(shares, key=shares.get), "syncs": counts.syncs,
             "h2d_copies": counts.h2d_copies, "h2d_bytes": counts.h2d_bytes,
             "micro_batches": problem.batch_size // MICRO_BATCH_SIZE}
@@ -90,14 +100,17 @@ def check_profile_reading(dominant_phase, phase_share, syncs_per_step, h2d_bytes
             "whole step, not the op at the top of top_ops. The grader's shares:" + table)
     share = as_number(phase_share, "PHASE_SHARE")
     expected = shares[dominant_phase]
-    if abs(share - expected) > SHARE_ATOL:
+    low, high = want.get("share_ranges", {}).get(dominant_phase, (expected, expected))
+    if not low - SHARE_ATOL <= share <= high + SHARE_ATOL:
         if 1 < share <= 100 and abs(share / 100 - expected) <= SHARE_ATOL:
             hint = "a share is a fraction between 0 and 1, not a percentage (0.5, not 50)."
         else:
             hint = ("divide the phase's time per step by the step's time (profile.phases(): "
                     ".shares()), over all five phases, 'other' included.")
+        spread = f"{low:.2f} to {high:.2f} over {PROFILE_RUNS} runs, " if high > low else ""
         raise AssertionError(f"PHASE_SHARE = {share:g} for {dominant_phase!r}; the grader's "
-                             f"profile gives {expected:.2f} (within {SHARE_ATOL}): " + hint
+                             f"profile gives {expected:.2f} ({spread}within {SHARE_ATOL}): "
+                             + hint
                              + " The grader's shares:" + table)
     for value, name, key, what in ((syncs_per_step, "SYNCS_PER_STEP", "syncs", "syncs"),
                                    (h2d_bytes_per_step, "H2D_BYTES_PER_STEP", "h2d_bytes",
