@@ -223,6 +223,15 @@ def test_grade_number_says_when_only_the_unit_is_wrong(got, factor):
         grade_number("q12", got, 17.57, unit="milliseconds")
 
 
+def test_grade_number_names_hours_for_minutes_only_in_minutes():
+    with pytest.raises(AssertionError, match=r"off by a factor of 60 \(hours or seconds against "
+                                             r"minutes\)"):
+        grade_number("q03", 1.5, 90.0, unit="minutes")
+    with pytest.raises(AssertionError) as caught:
+        grade_number("q12", 1.5, 90.0, unit="milliseconds")
+    assert "factor" not in str(caught.value)
+
+
 def test_grade_number_names_gib_for_gb_only_for_bytes():
     with pytest.raises(AssertionError, match=r"factor of 2\*\*30 / 1e9 \(Gi or Mi against G"):
         grade_number("q16", 37.375e9 / 2**30, 37.375, unit="GB")

@@ -20,6 +20,7 @@ from lab_submissions import ROOT, cell_by_grade_id, read
 from gpulab.checks.keys import all_answers
 from gpulab.checks.quiz import ANSWERS, ASSIGNMENT, CHOICE
 from gpulab.checks.quiz.expected import EXPECTED
+from gpulab.cloud_cost import max_checkpoint_interval
 from gpulab.hardware import get_gpu
 from gpulab.memory.recipes import model_states
 from gpulab.quiz import LearnerError, Variant, draw, learner_id, variant
@@ -58,7 +59,8 @@ def test_a_learners_numbers_never_change():
     assert dataclasses.asdict(mine) == {
         "learner": "ada",
         "q02": {"gpu": "H100 PCIe", "rows": 8192, "hidden": 8192},
-        "q03": {"gpu": "H100 SXM", "reserved_share": 0.3},
+        "q03": {"nodes": 4, "preemptions_per_node_hour": 0.01, "restart_minutes": 5,
+                "max_loss_percent": 4},
         "q04": {"stride": 4, "dtype": "float16"},
         "q13": {"n_bytes": 4e9, "world_size": 8, "alpha": 5e-6, "beta": 100e9},
         "q14": {"n_bytes": 4e9, "world_size": 4, "seconds": 0.02},
@@ -77,13 +79,17 @@ def test_the_draw_reads_the_id_alone(monkeypatch):
 
 def test_every_combination_is_a_question_worth_asking():
     """Whatever the draw: the GPUs are on the spec sheet (with bf16 where the question computes
-    in it), a count is at least 2, the ZeRO-2 job fits and ZeRO-3 would need fewer GPUs (so that
+    in it), the spot job's interval is minutes long and its one node's rate gives a clearly longer
+one, a count is at least 2, the ZeRO-2 job fits and ZeRO-3 would need fewer GPUs (so that
     stage's slip costs the points), and the bubble is a fraction above 1% (so that a percentage
     is refused by the range check)."""
     for numbers in every_draw("q02"):
         assert get_gpu(numbers.gpu).bf16 and 0 < EXPECTED["q02"](numbers) < 1e4
     for numbers in every_draw("q03"):
-        assert 0.5 < EXPECTED["q03"](numbers) < 20, numbers
+        one_node = 60 * max_checkpoint_interval(numbers.preemptions_per_node_hour,
+                                                numbers.max_loss_percent / 100,
+                                                numbers.restart_minutes / 60)
+        assert 5 < EXPECTED["q03"](numbers) < one_node / 1.5, numbers
     for numbers in every_draw("q04"):
         assert 2 <= EXPECTED["q04"](numbers) <= 32, numbers
     for numbers in every_draw("q15"):

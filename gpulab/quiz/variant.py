@@ -14,9 +14,11 @@ The multiple-choice questions are the same for everyone.
 
 The choices are fixed lists, not "every GPU of the spec sheet": a row added to the table must
 not change a learner's numbers between their notebook and their grade. Every combination is a
-question worth asking (tests/test_quiz_variants.py tries them all): the ZeRO-2 job fits, and ZeRO-3
-would need fewer GPUs; the pipeline's microbatches fill whole rounds of the interleaved
-schedule, and its bubble is over 1% (so a percentage is not mistaken for a fraction).
+question worth asking (tests/test_quiz_variants.py tries them all): the spot job's restarts
+alone stay well under its loss bound, and one node's rate gives a clearly longer interval; the
+ZeRO-2 job fits, and ZeRO-3 would need fewer GPUs; the pipeline's microbatches fill whole
+rounds of the interleaved schedule, and its bubble is over 1% (so a percentage is not mistaken
+for a fraction).
 Taught in: the course quiz, solutions/quiz/quiz.ipynb.
 """
 
@@ -45,12 +47,13 @@ class RooflineBound:
 
 
 @dataclass(frozen=True)
-class LargestModel:
-    """q03: the largest model a full mixed-precision AdamW fine-tune fits in one `gpu`."""
+class SpotCheckpoint:
+    """q03: the longest checkpoint interval that holds a spot job's preemption loss to a bound."""
 
-    gpu: str = choices("A100 40GB SXM", "A100 80GB SXM", "H100 SXM", "H200", "MI300X", "L4",
-                       "RTX 6000 Ada")
-    reserved_share: float = choices(0.2, 0.25, 0.3)  # of its memory, kept for activations
+    nodes: int = choices(2, 3, 4)  # every node's preemption stops the whole job
+    preemptions_per_node_hour: float = choices(0.01, 0.02, 0.03, 0.05)
+    restart_minutes: int = choices(2, 3, 5)
+    max_loss_percent: int = choices(3, 4, 5)  # of the running time
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class Variant:
 
     learner: str  # the id they were drawn from
     q02: RooflineBound
-    q03: LargestModel
+    q03: SpotCheckpoint
     q04: StridedLoad
     q13: RingAllReduce
     q14: BusBandwidth

@@ -98,6 +98,8 @@ def _unit_slip(number: float, want: float, unit: str, rel: float) -> str | None:
     if number == 0 or want == 0:
         return None
     slips = dict(UNIT_SLIPS)
+    if unit == "minutes":
+        slips[60.0] = "60 (hours or seconds against minutes)"
     slips.update({factor: f"2**{30 if key == 'GB' else 20} / 1e{9 if key == 'GB' else 6} "
                   f"(Gi or Mi against G or M)" for key, factor in BINARY_SLIPS.items()
                   if key in unit})

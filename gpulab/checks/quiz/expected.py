@@ -21,14 +21,15 @@ def roofline_time_us(numbers) -> float:
     return bound(flops, n_bytes, get_gpu(numbers.gpu), "bf16").time_s * 1e6
 
 
-def largest_model_billions(numbers) -> float:
-    """q03: billions of parameters whose mixed-precision AdamW states fill the GPU's memory
-    less its reserved share."""
-    from gpulab.hardware import get_gpu
-    from gpulab.memory.recipes import bytes_per_parameter
+def checkpoint_interval_minutes(numbers) -> float:
+    """q03: the longest checkpoint interval, in minutes, that keeps the job's expected
+    preemption loss at the bound. The job's rate is the sum of its nodes' rates: any node's
+    preemption stops every node of a synchronous job."""
+    from gpulab.cloud_cost import max_checkpoint_interval
 
-    usable = (1 - numbers.reserved_share) * get_gpu(numbers.gpu).memory_gb * 1e9
-    return usable / sum(bytes_per_parameter("mixed", "adamw")) / 1e9
+    job_rate = numbers.nodes * numbers.preemptions_per_node_hour
+    return 60 * max_checkpoint_interval(job_rate, numbers.max_loss_percent / 100,
+                                        restart_hours=numbers.restart_minutes / 60)
 
 
 def strided_sectors(numbers) -> int:
@@ -86,7 +87,7 @@ def masterless_states_gb(numbers) -> float:
 
 
 # question -> its expected answer, from its numbers
-EXPECTED = {"q02": roofline_time_us, "q03": largest_model_billions, "q04": strided_sectors,
+EXPECTED = {"q02": roofline_time_us, "q03": checkpoint_interval_minutes, "q04": strided_sectors,
             "q13": all_reduce_ms, "q14": bus_bandwidth, "q15": zero2_world_size,
             "q19": interleaved_bubble, "q22": masterless_states_gb}
 
