@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 
 import gpulab.checks
 from autograder.profiles import get_profile
-from gpulab.self_check import GRADING_VARIABLE
+from gpulab.env import GRADING_VARIABLE
 
 pytestmark = pytest.mark.lab1
 

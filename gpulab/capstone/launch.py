@@ -26,6 +26,7 @@ from pathlib import Path
 
 from gpulab.capstone.config import CapstoneConfig
 from gpulab.capstone.plan import ParallelPlan
+from gpulab.capstone.train import PROGRESS
 from gpulab.distributed.cluster import LocalCluster
 from gpulab.distributed.node_script import script_of
 from gpulab.stubs import is_stub_function
@@ -96,20 +97,26 @@ class CapstoneRun:
                 f"{self.losses[0]:.4f} -> {self.losses[-1]:.4f}; peak per rank: {peaks}")
 
 
+def _is_progress(line: str) -> bool:
+    """A line train.py prints for the notebook as the run goes (after the node and rank)."""
+    return PROGRESS in line
+
+
 def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, plan: ParallelPlan,
                  config: CapstoneConfig, nodes: int = 2, procs_per_node: int = 2,
                  steps: int | None = None, checkpoint_dir=None, kill_at_step: int | None = None,
                  kill_rank: int | None = None, measure_step: int | None = 1,
                  profile_step: int | None = None, max_restarts: int = 0,
                  isolation: str = "auto", timeout_s: float = 120.0, echo: bool = False,
-                 check: bool = False) -> CapstoneRun:
+                 progress: bool = True, check: bool = False) -> CapstoneRun:
     """Train config's GPT with `plan` on a nodes x procs_per_node LocalCluster: shard_model(model,
     mesh, plan) on every rank, then `steps` optimizer steps (default config.steps); with
     checkpoint_dir, load_checkpoint(folder, model, optimizer) first and
     save_checkpoint(folder, model, optimizer, step) every config.checkpoint_every steps.
     kill_at_step: a rank (kill_rank, default the last) SIGKILLs itself there on the first
     attempt; give max_restarts=1 so that torchrun restarts the group. check=True raises
-    RuntimeError when the run fails."""
+    RuntimeError when the run fails. echo=True prints everything the nodes print; else
+    progress=True prints rank 0's loss at each step, the kill and the resume, as they happen."""
     plan.check(nodes * procs_per_node, procs_per_node, config)
     if kill_at_step is not None and (checkpoint_dir is None or max_restarts < 1):
         raise ValueError("kill_at_step needs checkpoint_dir (to resume from) and "
@@ -134,7 +141,8 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
     try:
         (work / SCRIPT_NAME).write_text(script)
         (work / "spec.json").write_text(json.dumps(spec))
-        with LocalCluster(nodes, procs_per_node, isolation, echo=echo) as cluster:
+        shown = True if echo else (_is_progress if progress else False)
+        with LocalCluster(nodes, procs_per_node, isolation, echo=shown) as cluster:
             result = cluster.run(work / SCRIPT_NAME, [str(work)], timeout_s=timeout_s,
                                  max_restarts=max_restarts)
         ranks = []

@@ -38,6 +38,8 @@ from gpulab.capstone.profile import profile_step
 from gpulab.models import GPT
 
 ROLES = ("shard_model", "save_checkpoint", "load_checkpoint")
+# Starts the lines a run shows as it goes (run_capstone's progress=True prints only these).
+PROGRESS = "progress: "
 
 
 class ReturnError(TypeError):
@@ -92,6 +94,8 @@ def train(config: CapstoneConfig, plan: ParallelPlan, spec: dict, fns: dict, dev
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ReturnError(f"load_checkpoint returned {start!r}; return the step to resume "
                               "from, an int (0 when the folder holds no checkpoint)")
+        if start and rank == 0:
+            print(f"{PROGRESS}resuming from the checkpoint of step {start}", flush=True)
     # Not TORCHELASTIC_RESTART_COUNT: across nodes only the failed node's agent counts a
     # restart, and the c10d rendezvous may renumber the ranks, so a file marks the kill.
     killed = loss_log.with_name("killed")
@@ -101,7 +105,7 @@ def train(config: CapstoneConfig, plan: ParallelPlan, spec: dict, fns: dict, dev
     losses = []
     for step in range(start, spec["steps"]):
         if step == spec.get("kill_at_step") and rank == kill_rank and not attempt:
-            print(f"rank {rank} kills itself at the start of step {step}", flush=True)
+            print(f"{PROGRESS}rank {rank} kills itself at the start of step {step}", flush=True)
             killed.touch()
             os.kill(os.getpid(), signal.SIGKILL)
         run = lambda s=step: _step(model, optimizer, scaler, config, plan, s, dp_rank,  # noqa: E731
@@ -119,6 +123,7 @@ def train(config: CapstoneConfig, plan: ParallelPlan, spec: dict, fns: dict, dev
             with open(loss_log, "a") as log:
                 log.write(json.dumps({"attempt": attempt, "step": step,
                                       "loss": losses[-1].hex()}) + "\n")
+            print(f"{PROGRESS}step {step}: loss {losses[-1]:.4f}", flush=True)
         if folder is not None and fns["save_checkpoint"] is not None and (
                 (step + 1) % config.checkpoint_every == 0):
             fns["save_checkpoint"](folder, model, optimizer, step + 1)

@@ -59,9 +59,10 @@ class OutputForwarder:
     `keep_lines` lines of each stream by key (None: keep them all).
 
     With hold=True nothing is printed until `release()`: start-up chatter of an attempt that
-    fails and is retried never reaches the notebook (its error message quotes what matters)."""
+    fails and is retried never reaches the notebook (its error message quotes what matters).
+    `echo` may be a filter, echo(line) -> bool: only those lines are printed (all are kept)."""
 
-    def __init__(self, keep_lines: int | None = 40, echo: bool = True, hold: bool = False):
+    def __init__(self, keep_lines: int | None = 40, echo=True, hold: bool = False):
         self._lines: queue.Queue = queue.Queue()
         self._threads: list[threading.Thread] = []
         self.kept: dict[str, deque] = {}
@@ -105,7 +106,7 @@ class OutputForwarder:
                 self._print(to_stderr, f"{prefix}{line}")
 
     def _print(self, to_stderr: bool, text: str) -> None:
-        if self._echo:
+        if self._echo is True or (callable(self._echo) and self._echo(text)):
             print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
 
     def finish(self, timeout_s: float = 2.0) -> None:

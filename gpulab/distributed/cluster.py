@@ -59,7 +59,7 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 2, procs_per_node: int = 2, isolation: str = "auto", *,
                  subnet: str = "10.213.0", start_timeout_s: float = 120.0,
-                 start_retries: int = 1, echo: bool = True):
+                 start_retries: int = 1, echo=True):
         if isolation not in ("auto", "netns", "loopback"):
             raise ValueError(f"isolation must be 'auto', 'netns' or 'loopback', got {isolation!r}")
         if nodes < 1 or procs_per_node < 1:

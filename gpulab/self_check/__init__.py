@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import os
 import sys
 
 from gpulab.checks import PACKAGES, find_lab, find_parts, package
 from gpulab.checks.table import Answer, Check, Part
+from gpulab.env import grading
 from gpulab.self_check.report import (
     FAIL,
     NOT_DEFINED,
@@ -33,9 +33,6 @@ from gpulab.self_check.report import (
 from gpulab.stubs import unfinished
 
 TRACEBACK_HINT = "(run the part's test cell to see the whole traceback)"
-# Set by the autograder's runner profiles: the grader runs every test cell itself, so a
-# progress() cell in a submission would only run the visible checks a second time.
-GRADING_VARIABLE = "GPULAB_GRADING"
 
 
 def check_part(part: Part, namespace: dict, lab: str) -> PartResult:
@@ -115,7 +112,7 @@ def run_self_checks(lab: str, part: str | None = None, *, namespace: dict | None
 def progress(lab: str, part: str | None = None, *, namespace: dict | None = None,
              progress: bool = True) -> None:
     """Show which parts of `lab` pass their visible tests, with the checkers' messages."""
-    if os.environ.get(GRADING_VARIABLE) == "1":
+    if grading():  # the grader runs every test cell itself: this would run them twice
         print(f"gpulab.progress({lab!r}) skipped while grading: the grader runs the tests.")
         return
     namespace = _learner_namespace(namespace, sys._getframe(1).f_globals)

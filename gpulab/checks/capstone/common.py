@@ -8,6 +8,7 @@ from gpulab.capstone import ParallelPlan, run_capstone
 from gpulab.checks.harness.owned import require_own_function
 from gpulab.checks.harness.ranks import learner_frames
 from gpulab.distributed.node_script import SourceNotFound
+from gpulab.env import grading
 from gpulab.stubs import STUB_HINT
 from gpulab.stubs import is_stub_function as is_stub
 
@@ -43,7 +44,8 @@ def require_valid_plan(plan, config) -> None:
 def launch_on_cluster(what: str, graded: dict, plan, config, **options):
     try:
         run = run_capstone(graded["shard_model"], graded.get("save_checkpoint"),
-                           graded.get("load_checkpoint"), plan=plan, config=config, **options)
+                           graded.get("load_checkpoint"), plan=plan, config=config,
+                           progress=not grading(), **options)  # the learner sees it move
     except SourceNotFound as error:
         raise AssertionError(f"{what}: {error}") from None
     if not run.ok:
