@@ -11,6 +11,7 @@ process, no namespace, no link in the host's namespace.
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import stat
@@ -396,3 +397,27 @@ def test_cluster_train_batches_depend_on_the_step_alone():
     assert len(shards[0]) == len(shards[1]) == 4
     assert batch_indices(0, 8, 8, 0, 2).tolist() != shards[0].tolist(), "a new batch per step"
 
+
+
+QUIET_THEN_DONE = """
+import time
+print("start-up chatter", flush=True)
+time.sleep(12)  # longer than HEARTBEAT_S, with nothing to show
+print("progress: done", flush=True)
+"""
+
+
+def test_a_filtered_run_shows_its_lines_and_says_it_is_alive_when_silent(tmp_path, capsys,
+                                                                         nothing_left_behind):
+    """run_capstone's progress mode: only the lines the filter keeps, and a heartbeat when the
+    nodes show nothing for HEARTBEAT_S (a restart of the group takes that long)."""
+    script = tmp_path / "quiet.py"
+    script.write_text(QUIET_THEN_DONE)
+    with LocalCluster(nodes=1, procs_per_node=1, isolation="loopback",
+                      echo=lambda line: "progress:" in line) as cluster:
+        result = cluster.run(script, timeout_s=60)
+    assert result.ok, result.error
+    out = capsys.readouterr().out
+    assert "progress: done" in out and "start-up chatter" not in out
+    assert re.search(r"\[cluster\] still running, \d+ s so far", out), out
+    assert "start-up chatter" in result.nodes[0].stdout, "filtered from the screen, still kept"

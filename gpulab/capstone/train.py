@@ -105,7 +105,8 @@ def train(config: CapstoneConfig, plan: ParallelPlan, spec: dict, fns: dict, dev
     losses = []
     for step in range(start, spec["steps"]):
         if step == spec.get("kill_at_step") and rank == kill_rank and not attempt:
-            print(f"{PROGRESS}rank {rank} kills itself at the start of step {step}", flush=True)
+            print(f"{PROGRESS}rank {rank} kills itself at the start of step {step}; torchrun "
+                  "will restart the group", flush=True)
             killed.touch()
             os.kill(os.getpid(), signal.SIGKILL)
         run = lambda s=step: _step(model, optimizer, scaler, config, plan, s, dp_rank,  # noqa: E731

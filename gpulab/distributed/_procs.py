@@ -68,6 +68,7 @@ class OutputForwarder:
         self.kept: dict[str, deque] = {}
         self._keep_lines, self._echo = keep_lines, echo
         self._held: list[tuple[bool, str]] | None = [] if hold else None
+        self.last_printed = time.monotonic()  # when a line last reached the screen
 
     def release(self) -> None:
         """Print what was held back, and everything from now on as it comes."""
@@ -107,7 +108,12 @@ class OutputForwarder:
 
     def _print(self, to_stderr: bool, text: str) -> None:
         if self._echo is True or (callable(self._echo) and self._echo(text)):
-            print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+            self.say(text, to_stderr)
+
+    def say(self, text: str, to_stderr: bool = False) -> None:
+        """Print a line of the launcher's own, from the caller's thread."""
+        print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+        self.last_printed = time.monotonic()
 
     def finish(self, timeout_s: float = 2.0) -> None:
         """Wait (briefly) for the readers to reach end of file, then print what is left."""

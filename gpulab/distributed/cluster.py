@@ -52,6 +52,9 @@ from gpulab.distributed.torchrun import _AGENT_BOOT, RunClock, _timeout, startin
 
 _log = logging.getLogger(__name__)
 _GIVE_UP_GRACE_S = 1.0  # after a node's agent fails: time for the others to report their own
+# With echo a filter (progress lines only), a run that shows nothing for this long says it is
+# still running: a restart of the group (new processes, imports, rendezvous) takes 10-20 s.
+HEARTBEAT_S = 10.0
 
 
 class LocalCluster:
@@ -60,6 +63,9 @@ class LocalCluster:
     def __init__(self, nodes: int = 2, procs_per_node: int = 2, isolation: str = "auto", *,
                  subnet: str = "10.213.0", start_timeout_s: float = 120.0,
                  start_retries: int = 1, echo=True):
+        """echo: print the nodes' output (True), none of it (False), or the lines a filter,
+        echo(line) -> bool, keeps; with a filter, a silent run says every HEARTBEAT_S seconds
+        that it is still running."""
         if isolation not in ("auto", "netns", "loopback"):
             raise ValueError(f"isolation must be 'auto', 'netns' or 'loopback', got {isolation!r}")
         if nodes < 1 or procs_per_node < 1:
@@ -228,6 +234,7 @@ class LocalCluster:
         # that failed in init_process_group had told its agent, and the start failure would
         # be reported as a hang instead of being retried.
         clock = RunClock(self.start_timeout_s, timeout_s)
+        began = time.monotonic()
         gave_up_at = failed_first = None
         started = False  # every rank's process is up (a failure after this is not its launch)
         while True:
@@ -238,6 +245,8 @@ class LocalCluster:
             if all(c is not None for c in codes):
                 return codes, failed_first, started
             now = time.monotonic()
+            if callable(self.echo) and now - forwarder.last_printed > HEARTBEAT_S:
+                forwarder.say(f"[cluster] still running, {now - began:.0f} s so far")
             started = started or len(list(report.glob("rank*.pid"))) == self.world_size
             starting = starting_ranks(report, self.world_size)
             limit = clock.passed(starting)
