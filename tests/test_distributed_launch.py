@@ -327,6 +327,19 @@ def _fresh_state(rank, world_size):
     return os.getppid(), random.random(), torch.get_num_threads(), os.environ.get("GPULAB_X")
 
 
+def _kill_my_parent(rank, world_size):
+    if rank == 1:
+        os.kill(os.getppid(), signal.SIGKILL)  # the fork server
+    time.sleep(60)
+
+
+def test_a_rank_that_kills_the_fork_server_is_reported_killed_and_the_next_launch_works(
+        no_leftovers):
+    with pytest.raises(RankError, match="killed by signal 9|SIGKILL"):
+        run_on_ranks(_kill_my_parent, 2, backend="gloo", timeout_s=30)
+    assert run_on_ranks(_report, 2, 0, backend="gloo")[0][4] == 1.0, "a new server"
+
+
 def test_ranks_are_forked_from_one_server_and_start_as_fresh_interpreters(monkeypatch):
     """Two launches share the server; each rank draws its own random numbers and gets the
     launch's thread count and environment; a changed environment gets a new server, and

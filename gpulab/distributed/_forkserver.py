@@ -173,8 +173,21 @@ class ForkServer:
         return ForkedRank(self, pid, os.fdopen(out_read, "rb"), os.fdopen(err_read, "rb"))
 
     def exit_code(self, pid: int) -> int | None:
+        """The child's exit code as Popen gives it; None while it runs. A server that died (a
+        rank's code killed its parent) reports nothing more: its children die with it
+        (PDEATHSIG), and one that is gone counts as killed."""
         with self._changed:
-            return self._exits.get(pid)
+            if pid in self._exits:
+                return self._exits[pid]
+        if self._proc.poll() is None:
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return -signal.SIGKILL
+        except PermissionError:  # a pid reused by another user's process: ours is gone
+            return -signal.SIGKILL
+        return None
 
     def close(self) -> None:
         """Close the socket: the server sees end of file and exits; its children are the
