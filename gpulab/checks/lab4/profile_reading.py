@@ -5,9 +5,13 @@ count_transfers for the host-device traffic) and answers from what they read: th
 its share of the step, the syncs per step and the bytes copied to the device per step. The
 expected answers come from `expected_profile`, which the grader runs outside the learner's kernel
 (gpulab/checks/keys.py). The counts are exact on either runner. The share is a timing, and a busy
-machine moves it (on 2 loaded cores, 0.54 to 0.69 for the same step), so the grader profiles the
-step PROFILE_RUNS times and accepts a share within SHARE_ATOL of any of them; a phase within
-SHARE_ATOL of the largest counts as the largest.
+machine moves it (on 2 loaded cores, 0.52 to 0.69 for the same step), so the grader profiles the
+step PROFILE_RUNS times and accepts a share within SHARE_ATOL of any of them. A share outside
+that is measured again in the test cell itself, under the load the learner's own profile ran
+in, and accepted within SHARE_ATOL of those runs: a timing, unlike the counts, can only be
+checked against the machine it ran on (the integrity guard watches the profiler and the clocks
+there, as it does for the speed-up). A phase within SHARE_ATOL of the largest counts as the
+largest.
 Taught in: lessons/08_profiling_and_optimization.ipynb
 """
 
@@ -41,20 +45,25 @@ def slow_step(problem):
     return one_slow_step, model
 
 
-@one_thread()
-def expected_profile() -> dict:
-    """slow_train's phases' shares of a step (from the middle one of PROFILE_RUNS profiles, and
-    each phase's lowest and highest share over all of them), its largest phase, and its syncs,
-    copies to the device and their bytes per step, as plain values."""
-    problem = pipeline_problem()
-    step, _ = slow_step(problem)
+def measured_shares(problem=None) -> tuple[dict, dict]:
+    """slow_train's phases' shares of a step, from the middle one of PROFILE_RUNS profiles, and
+    each phase's [lowest, highest] share over all of them."""
+    step, _ = slow_step(pipeline_problem() if problem is None else problem)
     runs = [profile_steps(step, steps=PROFILED_STEPS, warmup=1).phases().shares()
             for _ in range(PROFILE_RUNS)]
     ranges = {k: [min(float(r[k]) for r in runs), max(float(r[k]) for r in runs)]
               for k in runs[0]}
     largest = max(runs[0], key=runs[0].get)
     middle = sorted(runs, key=lambda run: run[largest])[len(runs) // 2]
-    shares = {k: float(v) for k, v in middle.items()}
+    return {k: float(v) for k, v in middle.items()}, ranges
+
+
+@one_thread()
+def expected_profile() -> dict:
+    """slow_train's phases' shares of a step (measured_shares), its largest phase, and its
+    syncs, copies to the device and their bytes per step, as plain values."""
+    problem = pipeline_problem()
+    shares, ranges = measured_shares(problem)
     step, model = slow_step(problem)
     counts = count_transfers(step, model, steps=COUNTED_STEPS)
     return {"shares": shares, "share_ranges": ranges,
@@ -102,16 +111,7 @@ def check_profile_reading(dominant_phase, phase_share, syncs_per_step, h2d_bytes
     expected = shares[dominant_phase]
     low, high = want.get("share_ranges", {}).get(dominant_phase, (expected, expected))
     if not low - SHARE_ATOL <= share <= high + SHARE_ATOL:
-        if 1 < share <= 100 and abs(share / 100 - expected) <= SHARE_ATOL:
-            hint = "a share is a fraction between 0 and 1, not a percentage (0.5, not 50)."
-        else:
-            hint = ("divide the phase's time per step by the step's time (profile.phases(): "
-                    ".shares()), over all five phases, 'other' included.")
-        spread = f"{low:.2f} to {high:.2f} over {PROFILE_RUNS} runs, " if high > low else ""
-        raise AssertionError(f"PHASE_SHARE = {share:g} for {dominant_phase!r}; the grader's "
-                             f"profile gives {expected:.2f} ({spread}within {SHARE_ATOL}): "
-                             + hint
-                             + " The grader's shares:" + table)
+        _check_share_here(share, dominant_phase, expected, (low, high), table)
     for value, name, key, what in ((syncs_per_step, "SYNCS_PER_STEP", "syncs", "syncs"),
                                    (h2d_bytes_per_step, "H2D_BYTES_PER_STEP", "h2d_bytes",
                                     "bytes copied")):
@@ -119,3 +119,24 @@ def check_profile_reading(dominant_phase, phase_share, syncs_per_step, h2d_bytes
         if not math.isclose(got, want[key], rel_tol=COUNT_RTOL):
             raise AssertionError(f"{name} = {got:g}, expected {want[key]:g} for slow_train's "
                                  f"step: " + _count_hint(got, want, key, what))
+
+
+def _check_share_here(share: float, phase: str, expected: float, key_range, table: str) -> None:
+    """The share, outside the key's runs, against runs measured here and now (see the module)."""
+    if 1 < share <= 100 and abs(share / 100 - expected) <= SHARE_ATOL:
+        hint = "a share is a fraction between 0 and 1, not a percentage (0.5, not 50)."
+        spreads = []
+    else:
+        _, ranges = measured_shares()
+        here_low, here_high = ranges[phase]
+        if here_low - SHARE_ATOL <= share <= here_high + SHARE_ATOL:
+            return
+        hint = ("divide the phase's time per step by the step's time (profile.phases(): "
+                ".shares()), over all five phases, 'other' included.")
+        spreads = [f"{here_low:.2f} to {here_high:.2f} measured again here"]
+    low, high = key_range
+    if high > low:
+        spreads.insert(0, f"{low:.2f} to {high:.2f} over {PROFILE_RUNS} runs")
+    spread = ", ".join([*spreads, f"within {SHARE_ATOL}"])
+    raise AssertionError(f"PHASE_SHARE = {share:g} for {phase!r}; the grader's profile gives "
+                         f"{expected:.2f} ({spread}): {hint} The grader's shares:{table}")
