@@ -37,10 +37,10 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
+
+from gpulab.distributed._procs import PACKAGE_ROOT
 
 OFF_VARIABLE = "GPULAB_FRESH_RANKS"  # "1": every rank in a fresh interpreter
-_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the gpulab package
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
          "from gpulab.distributed._forkserver import serve; serve(*map(int, sys.argv[1:3]))")
 _MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
@@ -128,7 +128,7 @@ class ForkServer:
                    GPULAB_RUNNER=gpulab.runner.name)  # decides as the ranks' environment does
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT.format(root=_ROOT), str(theirs.fileno()),
+                [sys.executable, "-c", _BOOT.format(root=PACKAGE_ROOT), str(theirs.fileno()),
                  str(os.getpid())],
                 env=env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True)

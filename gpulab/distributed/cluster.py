@@ -44,10 +44,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulab.distributed import _procs, netns
+from gpulab.distributed._procs import PACKAGE_ROOT
 from gpulab.distributed._worker import describe_status, read_status
 from gpulab.distributed.cluster_result import START_FAILURE, ClusterResult, NodeResult, diagnose
 from gpulab.distributed.errors import ProcessGroupStartError, RankError
-from gpulab.distributed.launch import _ROOT
 from gpulab.distributed.torchrun import _AGENT_BOOT, RunClock, _timeout, starting_ranks
 
 _log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class LocalCluster:
         else:
             port = _procs.free_port()
         job = f"gpulab-{uuid.uuid4().hex[:8]}"
-        boot = [sys.executable, "-c", _AGENT_BOOT.format(root=_ROOT, parent=os.getpid())]
+        boot = [sys.executable, "-c", _AGENT_BOOT.format(root=PACKAGE_ROOT, parent=os.getpid())]
         commands = []
         for node_rank, address in enumerate(self.addresses):
             prefix = self.topology.exec_prefix(node_rank) if self.topology else []
@@ -214,7 +214,7 @@ class LocalCluster:
                      else _procs.loopback_interface() or "lo")
         env = dict(os.environ, GPULAB_RUNNER=gpulab.runner.name, PYTHONUNBUFFERED="1",
                    MPLBACKEND="Agg", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank ${rank}] ",
-                   PYTHONPATH=os.pathsep.join([_ROOT, *filter(None, [os.environ.get(
+                   PYTHONPATH=os.pathsep.join([PACKAGE_ROOT, *filter(None, [os.environ.get(
                        "PYTHONPATH")])]),
                    # The interface each node's collectives use: veth0 makes gloo's traffic
                    # between nodes cross it (nccl's bootstrap too; its data path is its own).

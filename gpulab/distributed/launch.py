@@ -46,7 +46,6 @@ from gpulab.distributed import _forkserver, _pickle, _procs
 from gpulab.distributed._worker import PHASES, StatusBoard, describe
 from gpulab.distributed.errors import LaunchTimeout, ProcessGroupStartError, RankError
 
-_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds the gpulab package
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
          "from gpulab.distributed._worker import main; main(*sys.argv[1:3])")
 _RUN = PHASES.index("run")
@@ -120,9 +119,9 @@ class Launcher:
                     procs.append(server.start([str(launch_dir), str(rank)], env, go_read))
                 else:
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-c", _BOOT.format(root=_ROOT), str(launch_dir),
-                         str(rank)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, pass_fds=(go_read,),
+                        [sys.executable, "-c", _BOOT.format(root=_procs.PACKAGE_ROOT),
+                         str(launch_dir), str(rank)], env=env, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(go_read,),
                         start_new_session=True))  # its own process group: one killpg stops it
                 forwarder.watch(procs[-1].stdout, f"[rank {rank}] ", to_stderr=False)
                 forwarder.watch(procs[-1].stderr, f"[rank {rank}] ", to_stderr=True)

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab.distributed import _procs
+from gpulab.distributed._procs import PACKAGE_ROOT
 from gpulab.distributed._torchrun_entry import RAISED_STARTING
 from gpulab.distributed._worker import StatusBoard, describe, read_status
 from gpulab.distributed.errors import LaunchTimeout, RankError
-from gpulab.distributed.launch import _ROOT
 
 # The agent dies with the caller (PR_SET_PDEATHSIG) before torchrun's own code starts.
 _AGENT_BOOT = ("import os, sys, runpy; sys.path.insert(0, {root!r}); "
@@ -180,7 +180,7 @@ def _all_ranks_done(report: Path, world_size: int) -> bool:
 
 
 def _commands(nproc_per_node, nnodes, report: Path, script: Path, args) -> list[list[str]]:
-    boot = [sys.executable, "-c", _AGENT_BOOT.format(root=_ROOT, parent=os.getpid())]
+    boot = [sys.executable, "-c", _AGENT_BOOT.format(root=PACKAGE_ROOT, parent=os.getpid())]
     if nnodes == 1:
         rendezvous = [["--standalone"]]
     else:  # nnodes agents on this machine, as on a cluster: one c10d rendezvous for the job
@@ -200,7 +200,8 @@ def _env(nproc_per_node: int, extra: dict[str, str] | None) -> dict[str, str]:
 
     env = dict(os.environ, GPULAB_RUNNER=gpulab.runner.name, PYTHONUNBUFFERED="1",
                MPLBACKEND="Agg", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank ${rank}] ",
-               PYTHONPATH=os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
+               PYTHONPATH=os.pathsep.join([PACKAGE_ROOT,
+                                           *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     loopback = _procs.loopback_interface()
     if loopback:
