@@ -43,9 +43,10 @@ class Spec:
 
     name: str  # the assignment: solutions/<name>/<name>.ipynb, released to labs/<name>/
     mistakes: tuple[Mistake, ...]  # every known mistake, each run through its checker
-    end_to_end: tuple[str, ...]  # student ids of the mistakes the batch also grades
-    # Hand the end_to_end mistakes in as one notebook, this id's; or as several, {id: mistakes}.
-    together: str | dict[str, tuple[str, ...]] | None = None
+    # Student ids of the mistakes the batch also grades, in distinct parts: handed in as one
+    # notebook, by the learner `together` (one kernel for all of them).
+    end_to_end: tuple[str, ...]
+    together: str
     hidden_at_least: int = 1  # lines of hidden tests the notebook has, at least
     stub_hint: str = STUB_HINT  # what an unfinished stub's test says to do
     # test grade_id -> what its error says in the untouched release, where it is no stub's
@@ -81,13 +82,7 @@ class Spec:
 
     def graded_mistakes(self) -> dict[str, tuple[Mistake, ...]]:
         """Learner -> the mistakes in the notebook they hand in, for the end-to-end batch."""
-        if isinstance(self.together, dict):
-            return {student: tuple(self.mistake(m) for m in ids)
-                    for student, ids in self.together.items()}
-        chosen = tuple(self.mistake(student_id) for student_id in self.end_to_end)
-        if self.together:
-            return {self.together: chosen}
-        return {m.student_id: (m,) for m in chosen}
+        return {self.together: tuple(self.mistake(m) for m in self.end_to_end)}
 
     def with_mistakes(self, mistakes) -> nbformat.NotebookNode:
         nb = self.lab.solution()
@@ -199,14 +194,11 @@ LAB1 = Spec(
                 r"Scan in log2\(THREADS\) steps.*thread 0 of block 0 read \d+ elements, one by "
                 r"one"),
     ),
-    end_to_end=("off_by_one", "tile_row_stored", "no_barrier", "wrong_tile", "no_atomics",
-                "no_left_halo", "exclusive_scan", "serial_block_sum", "unpadded_tile",
-                "naive_matmul", "global_atomics", "global_taps", "serial_scan"),
-    # Two notebooks, each with its mistakes in distinct parts: the values, and the technique.
-    together={"seven_mistakes": ("off_by_one", "tile_row_stored", "no_barrier", "wrong_tile",
-                                 "no_atomics", "no_left_halo", "exclusive_scan"),
-              "technique_mistakes": ("serial_block_sum", "unpadded_tile", "naive_matmul",
-                                     "global_atomics", "global_taps", "serial_scan")},
+    # One notebook, a mistake in each kernel: values wrong in three, the right values the slow
+    # way in four. The others are carried by the checkers' tests.
+    end_to_end=("off_by_one", "unpadded_tile", "serial_block_sum", "naive_matmul", "no_atomics",
+                "global_taps", "exclusive_scan"),
+    together="seven_mistakes",
     hidden_at_least=8,
     context=("cell-31",),  # Part 6's worked example: the waves answer uses its get_gpu import
     stub_hint="Replace `raise NotImplementedError()` with your kernel's code.",
@@ -319,12 +311,10 @@ LAB3 = Spec(
                 r"sends on its parameters' device"),
     ),
     # Wrappers broken at once: each part fails at its first launch, the ring is left right.
-    # Cheaper than any one of them alone, whose notebook runs three parts in full.
-    end_to_end=("undivided", "no_overlap", "same_order_every_epoch", "frozen_gets_zeros",
-                "buffers_without_device", "unused_gets_zeros", "one_buffer_for_all_dtypes"),
-    together={"three_mistakes": ("undivided", "no_overlap", "same_order_every_epoch"),
-              "frozen_and_device": ("frozen_gets_zeros", "buffers_without_device"),
-              "unused_and_dtypes": ("unused_gets_zeros", "one_buffer_for_all_dtypes")},
+    # Cheaper than any one of them alone, whose notebook runs three parts in full. The rules
+    # for real models (frozen, unused, dtypes, devices) are carried by the checkers' tests.
+    end_to_end=("undivided", "no_overlap", "same_order_every_epoch"),
+    together="three_mistakes",
     hidden_at_least=5,
     leftover_marker=LAB3_ORPHAN_MARKER,  # the hostile bank's lab3_orphans ring
     checker_tests="tests/test_checks_lab3.py",
