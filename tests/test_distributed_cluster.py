@@ -2,10 +2,10 @@
 its own network namespace where the machine allows it; a training run that survives a killed
 worker; SLURM and Kubeflow job files rendered from one JobSpec.
 
-A cluster launch costs seconds (every node's agent and every rank import torch), so each test
-checks several things per launch. The netns tests need root and iproute2's `ip` and skip
-themselves elsewhere. Every test that starts a cluster checks that nothing is left behind: no
-process, no namespace, no link in the host's namespace.
+A cluster launch costs seconds (every node's agent imports torch, and so does each node's rank
+server), so each test checks several things per launch. The netns tests need root and
+iproute2's `ip` and skip themselves elsewhere. Every test that starts a cluster checks that
+nothing is left behind: no process, no namespace, no link in the host's namespace.
 """
 
 import json
@@ -135,6 +135,51 @@ def test_nodes_talk_over_their_own_interface(tmp_path, nothing_left_behind):
         assert a.rx_bytes - b.rx_bytes >= PAYLOAD_BYTES, f"node {i} received too little: {a}"
         assert a.tx_bytes - b.tx_bytes >= PAYLOAD_BYTES, f"node {i} sent too little: {a}"
     assert not set(names) & set(netns.list_namespaces()), "the namespaces are deleted on exit"
+
+
+PARENT = """
+import json, os
+import psutil
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+parent = psutil.Process(os.getppid())
+print("report " + json.dumps({
+    "rank": dist.get_rank(), "parent": parent.pid,
+    "forked": "_nodeserver import serve" in " ".join(parent.cmdline()),
+    "fsdp_warm": "torch.distributed.fsdp" in __import__("sys").modules,
+    "seen": os.environ.get("SEEN", "")}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_are_forked_from_a_server_per_node_kept_while_the_environment_is(
+        tmp_path, monkeypatch, nothing_left_behind):
+    """A node's ranks are forked from its warm server (gpulab/distributed/_nodeserver.py), which
+    imported FSDP already; the servers serve the next run, unless its environment differs. With
+    GPULAB_FRESH_RANKS=1 each rank starts as a fresh interpreter under torchrun."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+
+    def parents(result, world_size=2):
+        assert result.ok, result.error
+        found = {r["rank"]: r for node in result.nodes for r in _reports(node.stdout)}
+        assert sorted(found) == list(range(world_size)), result.nodes
+        return found
+
+    with LocalCluster(nodes=2, procs_per_node=1, isolation="loopback", echo=False) as cluster:
+        first = parents(cluster.run(script, timeout_s=60))
+        again = parents(cluster.run(script, timeout_s=60))
+        other = parents(cluster.run(script, env={"SEEN": "yes"}, timeout_s=60))
+    assert all(r["forked"] and r["fsdp_warm"] for r in (*first.values(), *other.values()))
+    assert {r["parent"] for r in first.values()} == {r["parent"] for r in again.values()}
+    assert len({r["parent"] for r in first.values()}) == 2, "one server per node"
+    assert not {r["parent"] for r in first.values()} & {r["parent"] for r in other.values()}
+    assert {r["seen"] for r in other.values()} == {"yes"}, "the rank has the run's environment"
+    monkeypatch.setenv("GPULAB_FRESH_RANKS", "1")
+    with LocalCluster(nodes=1, procs_per_node=1, isolation="loopback", echo=False) as cluster:
+        (fresh,) = parents(cluster.run(script, timeout_s=60), world_size=1).values()
+    assert not fresh["forked"] and not fresh["fsdp_warm"]
 
 
 SLEEP = """

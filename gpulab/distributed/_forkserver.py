@@ -289,7 +289,7 @@ def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = ["-c", *request["argv"]]
-        _fresh_state()
+        fresh_state()
         from gpulab.distributed._worker import main
 
         main(*request["argv"], go_fd=go_fd, parent_pid=os.getppid())
@@ -309,7 +309,7 @@ def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
-def _fresh_state() -> None:
+def fresh_state() -> None:
     """What a fresh interpreter would have differently: its own random seeds, and the thread
     count torch would have read from OMP_NUM_THREADS at import."""
     import random

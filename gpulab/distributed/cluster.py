@@ -20,6 +20,12 @@ numbers the nodes itself, so global ranks need not follow LocalCluster's node or
 --local-addr matters in a namespace: without it, torchrun would advertise the machine's
 hostname, whose address does not exist inside the namespace.
 
+On the cpu runner (Linux) each node also has a warm server that forks its ranks
+(_nodeserver.py): torchrun then runs `--no-python python _rank_client.py SOCKET REPORT
+script.py ARGS` instead of `-m gpulab.distributed._torchrun_entry`, and a rank skips the 5 s of
+CPU a fresh interpreter spends importing torch. The servers live as long as the `with` block,
+and are replaced when a run's environment differs; GPULAB_FRESH_RANKS=1 turns them off.
+
 run() adds what torchrun_script adds (time limits that stop whole process trees, output by node
 and rank, the failing rank's traceback) plus: a node whose agent gives up ends the run (with a
 fixed node count the others can only wait), and a start-up failure (a port taken between
@@ -43,7 +49,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpulab.distributed import _procs, netns
+from gpulab.distributed import _nodeserver, _procs, netns
+from gpulab.distributed._nodeserver import NodeServer
 from gpulab.distributed._procs import PACKAGE_ROOT
 from gpulab.distributed._worker import describe_status, read_status
 from gpulab.distributed.cluster_result import START_FAILURE, ClusterResult, NodeResult, diagnose
@@ -79,6 +86,8 @@ class LocalCluster:
         self.topology: netns.NetnsTopology | None = None
         self.addresses: list[str] = []  # node i's address, once entered
         self._open = False  # between __enter__ and __exit__
+        self._servers: list[NodeServer] = []  # each node's rank server (_nodeserver.py)
+        self._server_dir: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -117,6 +126,7 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self._open = False
+        self._close_servers()
         if self.topology is not None:
             left = self.topology.destroy()
             self.topology = None
@@ -167,11 +177,13 @@ class LocalCluster:
         report = Path(tempfile.mkdtemp(prefix="gpulab-cluster-"))
         forwarder = _procs.OutputForwarder(keep_lines=None, echo=self.echo)
         agents: list[subprocess.Popen] = []
+        env = self._env(env)
         try:
+            servers = self._node_servers(env)
             for node_rank, command in enumerate(self._commands(script, args, report,
-                                                               max_restarts)):
+                                                               max_restarts, servers)):
                 agents.append(subprocess.Popen(
-                    command, env=self._env(env), stdin=subprocess.DEVNULL,
+                    command, env=env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
                 prefix = f"[node {node_rank}] "
                 forwarder.watch(agents[-1].stdout, prefix, False, key=f"{node_rank}:out")
@@ -185,7 +197,31 @@ class LocalCluster:
             forwarder.finish()
             shutil.rmtree(report, ignore_errors=True)
 
-    def _commands(self, script, args, report: Path, max_restarts: int) -> list[list[str]]:
+    def _node_servers(self, env: dict[str, str]) -> list[NodeServer]:
+        """Each node's rank server, started with the run's environment (and kept for the next
+        run with the same one); none where ranks start fresh (see _nodeserver.py)."""
+        if not _nodeserver.available(env.get("GPULAB_RUNNER", "")):
+            return []
+        if self._servers and all(server.usable(env) for server in self._servers):
+            return self._servers
+        self._close_servers()
+        self._server_dir = tempfile.mkdtemp(prefix="gpulab-nodes-")
+        for node_rank in range(self.nodes):
+            prefix = self.topology.exec_prefix(node_rank) if self.topology else []
+            self._servers.append(NodeServer(Path(self._server_dir) / f"node{node_rank}.sock",
+                                            prefix, env))
+        return self._servers
+
+    def _close_servers(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers = []
+        if self._server_dir is not None:
+            shutil.rmtree(self._server_dir, ignore_errors=True)
+            self._server_dir = None
+
+    def _commands(self, script, args, report: Path, max_restarts: int,
+                  servers: list[NodeServer]) -> list[list[str]]:
         endpoint_addr = self.addresses[0]
         if self.topology is not None:  # ask node 0's own kernel: the port must be free there
             port = self.topology.free_port(0)
@@ -203,8 +239,9 @@ class LocalCluster:
                 # Node 0 hosts the rendezvous; on loopback every node would think it may.
                 "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'}",
                 "--local-addr", address, "--max-restarts", str(max_restarts), "--tee", "3",
-                "-m", "gpulab.distributed._torchrun_entry", str(report), str(script),
-                *map(str, args)])
+                *(servers[node_rank].client_command() if servers
+                  else ["-m", "gpulab.distributed._torchrun_entry"]),
+                str(report), str(script), *map(str, args)])
         return commands
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:

@@ -1,0 +1,179 @@
+"""A warm server per LocalCluster node, which forks that node's ranks: a rank's fresh interpreter
+spends about 5 s of CPU importing torch and torch.distributed's FSDP, tensor and checkpoint
+packages, and a 2 x 2 capstone run starts four of them (a third of the run's CPU).
+
+    server = NodeServer(path, prefix, env)   # `prefix`: the node's `ip netns exec NS`, or []
+    server.client_command()                   # what torchrun runs per rank (_rank_client.py)
+    server.close()
+
+The server is started like the node's torchrun agent (same environment, same network
+namespace, since a forked rank keeps its parent's), binds a Unix socket at `path`, imports
+WARM once, and forks a rank for each _rank_client.py that connects, as _forkserver.py does for
+run_on_ranks: it runs no torch op and starts no thread, so forking it is safe. The child takes
+the client's environment, working directory and standard streams, then runs what
+`python -m gpulab.distributed._torchrun_entry REPORT script.py ARGS` would.
+
+No orphans: the server dies with the launcher (PR_SET_PDEATHSIG) and is stopped when the
+cluster is left; each rank dies with the server, and kills itself when its client's pipe closes
+(the agent stopped the client).
+Used on Linux, on the cpu runner: a GPU rank's imports are small beside its work, and CUDA is
+best initialized in a fresh process. GPULAB_FRESH_RANKS=1 turns it off, as for run_on_ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from gpulab.distributed import _procs
+from gpulab.distributed._forkserver import OFF_VARIABLE, fresh_state
+from gpulab.distributed._procs import PACKAGE_ROOT
+
+CLIENT = str(Path(__file__).with_name("_rank_client.py"))
+# What the course's cluster scripts import: torch's FSDP2, DTensor and checkpointing.
+WARM = ("torch", "torch.distributed", "gpulab", "gpulab.distributed._torchrun_entry",
+        "gpulab.distributed._worker", "torch.distributed.fsdp", "torch.distributed.tensor",
+        "torch.distributed.checkpoint")
+_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
+         "from gpulab.distributed._nodeserver import serve; serve(sys.argv[1], int(sys.argv[2]))")
+_MAX_MESSAGE = 1 << 20
+
+
+def available(runner: str) -> bool:
+    """Whether a cluster's ranks are forked from node servers here."""
+    return (runner == "cpu" and sys.platform.startswith("linux")
+            and os.environ.get(OFF_VARIABLE, "") not in ("1", "true", "yes"))
+
+
+class NodeServer:
+    """The launcher's end: the server process of one node, and how torchrun reaches it."""
+
+    def __init__(self, path: Path, prefix: list[str], env: dict[str, str]):
+        self.path, self.env = str(path), dict(env)
+        self._proc = subprocess.Popen(
+            [*prefix, sys.executable, "-c", _BOOT.format(root=PACKAGE_ROOT), self.path,
+             str(os.getpid())],
+            env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def usable(self, env: dict[str, str]) -> bool:
+        """Alive, and started with `env`: what it imported read its environment."""
+        return self._proc.poll() is None and env == self.env
+
+    def client_command(self) -> list[str]:
+        """torchrun's entry point for each rank, in place of `-m _torchrun_entry`."""
+        return ["--no-python", sys.executable, CLIENT, self.path]
+
+    def close(self) -> None:
+        _procs.stop([self._proc])
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def serve(path: str, launcher_pid: int) -> None:
+    """Bind `path`, import WARM, then fork a rank per client until the launcher stops it."""
+    _procs.die_with_parent(launcher_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the launcher's to handle
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)  # first: clients that connect while it imports wait in the backlog
+    listener.listen(64)
+    for name in WARM:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    ranks: dict[int, socket.socket] = {}  # pid -> its client's connection
+    while True:
+        ready, _, _ = select.select([listener], [], [], 0.05)
+        if ready:
+            conn, _ = listener.accept()
+            _fork_rank(listener, conn, ranks)
+        while ranks:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = ranks.pop(pid, None)
+            if conn is not None:
+                _send(conn, {"code": os.waitstatus_to_exitcode(status)})
+                conn.close()
+
+
+def _fork_rank(listener, conn, ranks) -> None:
+    conn.settimeout(5.0)  # a client sends its request as soon as it connects
+    try:
+        message, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 4)
+    except OSError:
+        message, fds = b"", []
+    if not message or len(fds) != 4:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        _become_rank(listener, conn, json.loads(message), fds)  # never returns
+    for fd in fds:
+        os.close(fd)
+    ranks[pid] = conn
+    _send(conn, {"pid": pid})
+
+
+def _send(conn: socket.socket, event: dict) -> None:
+    with contextlib.suppress(OSError):  # the client is gone: its rank dies by the pipe
+        conn.send(json.dumps(event).encode())
+
+
+def _become_rank(listener, conn, request: dict, fds: list[int]) -> None:
+    """In the child: the rank `python -m gpulab.distributed._torchrun_entry ARGV` would be."""
+    code = 1
+    try:
+        server = os.getppid()
+        os.setsid()
+        listener.close()
+        conn.close()
+        _procs.die_with_parent(server)
+        *streams, alive = fds
+        for source, target in zip(streams, (0, 1, 2), strict=True):
+            os.dup2(source, target)
+            os.close(source)
+        threading.Thread(target=_die_when_closed, args=(alive,), daemon=True).start()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                          else signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        fresh_state()
+        from gpulab.distributed._torchrun_entry import main
+
+        main(*request["argv"])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _die_when_closed(fd: int) -> None:
+    """The client holds the other end: when it is gone (stopped by its agent), so is the rank."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 1):
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
