@@ -274,8 +274,8 @@ def _send(sock: socket.socket, event: dict) -> None:
 
 def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
     """In the child: look like `python -c <bootstrap> LAUNCH_DIR RANK`, then run the rank."""
-    code = 1
-    try:
+
+    def rank() -> None:
         os.setsid()  # its own session: one killpg stops it and what it starts
         sock.close()
         out_fd, err_fd, go_fd = fds
@@ -283,20 +283,25 @@ def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
         for source, target in ((devnull, 0), (out_fd, 1), (err_fd, 2)):
             os.dup2(source, target)
             os.close(source)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
-                          else signal.SIG_DFL)
-        os.environ.clear()
-        os.environ.update(request["env"])
+        take_environment(request["env"])
         sys.argv = ["-c", *request["argv"]]
-        fresh_state()
         from gpulab.distributed._worker import main
 
         main(*request["argv"], go_fd=go_fd, parent_pid=os.getppid())
+
+    live_as_child(rank)
+
+
+def live_as_child(life) -> None:
+    """In a forked child: run `life()`, then exit with its code (SystemExit's, 0, or 1 and the
+    traceback); a child never returns into its server's loop."""
+    code = 1
+    try:
+        life()
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
+    except BaseException:  # noqa: BLE001 - reported, then the child exits with 1
         import traceback
 
         traceback.print_exc()
@@ -309,7 +314,18 @@ def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
-def fresh_state() -> None:
+def take_environment(env: dict[str, str]) -> None:
+    """In a forked child: the signal handlers, environment and state (_fresh_state) of a fresh
+    interpreter started with `env`."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                      else signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(env)
+    _fresh_state()
+
+
+def _fresh_state() -> None:
     """What a fresh interpreter would have differently: its own random seeds, and the thread
     count torch would have read from OMP_NUM_THREADS at import."""
     import random

@@ -35,7 +35,7 @@ import threading
 from pathlib import Path
 
 from gpulab.distributed import _procs
-from gpulab.distributed._forkserver import OFF_VARIABLE, fresh_state
+from gpulab.distributed._forkserver import OFF_VARIABLE, live_as_child, take_environment
 from gpulab.distributed._procs import PACKAGE_ROOT
 
 CLIENT = str(Path(__file__).with_name("_rank_client.py"))
@@ -135,8 +135,8 @@ def _send(conn: socket.socket, event: dict) -> None:
 
 def _become_rank(listener, conn, request: dict, fds: list[int]) -> None:
     """In the child: the rank `python -m gpulab.distributed._torchrun_entry ARGV` would be."""
-    code = 1
-    try:
+
+    def rank() -> None:
         server = os.getppid()
         os.setsid()
         listener.close()
@@ -147,28 +147,13 @@ def _become_rank(listener, conn, request: dict, fds: list[int]) -> None:
             os.dup2(source, target)
             os.close(source)
         threading.Thread(target=_die_when_closed, args=(alive,), daemon=True).start()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
-                          else signal.SIG_DFL)
         os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        fresh_state()
+        take_environment(request["env"])
         from gpulab.distributed._torchrun_entry import main
 
         main(*request["argv"])
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
-        import traceback
 
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+    live_as_child(rank)
 
 
 def _die_when_closed(fd: int) -> None:
