@@ -179,6 +179,9 @@ def test_an_exception_comes_back_with_its_rank_and_traceback(tmp_path, no_leftov
 
 
 def _exit_abruptly(rank, world_size):
+    # Both ranks past init_process_group first: a rank that vanished while the other was still
+    # joining would fail that one's start-up instead (Gloo connectFullMesh), a start failure.
+    dist.barrier()
     if rank == 1:
         print("about to vanish", flush=True)
         os._exit(7)
