@@ -50,7 +50,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulab.distributed import _nodeserver, _procs, netns
-from gpulab.distributed._nodeserver import NodeServer
 from gpulab.distributed._procs import PACKAGE_ROOT
 from gpulab.distributed._worker import describe_status, read_status
 from gpulab.distributed.cluster_result import START_FAILURE, ClusterResult, NodeResult, diagnose
@@ -86,7 +85,7 @@ class LocalCluster:
         self.topology: netns.NetnsTopology | None = None
         self.addresses: list[str] = []  # node i's address, once entered
         self._open = False  # between __enter__ and __exit__
-        self._servers: list[NodeServer] = []  # each node's rank server (_nodeserver.py)
+        self._servers: list[_nodeserver.NodeServer] = []  # each node's rank server
         self._server_dir: str | None = None
 
     @property
@@ -197,7 +196,7 @@ class LocalCluster:
             forwarder.finish()
             shutil.rmtree(report, ignore_errors=True)
 
-    def _node_servers(self, env: dict[str, str]) -> list[NodeServer]:
+    def _node_servers(self, env: dict[str, str]) -> list[_nodeserver.NodeServer]:
         """Each node's rank server, started with the run's environment (and kept for the next
         run with the same one); none where ranks start fresh (see _nodeserver.py)."""
         if not _nodeserver.available(env.get("GPULAB_RUNNER", "")):
@@ -208,8 +207,8 @@ class LocalCluster:
         self._server_dir = tempfile.mkdtemp(prefix="gpulab-nodes-")
         for node_rank in range(self.nodes):
             prefix = self.topology.exec_prefix(node_rank) if self.topology else []
-            self._servers.append(NodeServer(Path(self._server_dir) / f"node{node_rank}.sock",
-                                            prefix, env))
+            path = Path(self._server_dir) / f"node{node_rank}.sock"
+            self._servers.append(_nodeserver.NodeServer(path, prefix, env))
         return self._servers
 
     def _close_servers(self) -> None:
@@ -221,7 +220,7 @@ class LocalCluster:
             self._server_dir = None
 
     def _commands(self, script, args, report: Path, max_restarts: int,
-                  servers: list[NodeServer]) -> list[list[str]]:
+                  servers: list[_nodeserver.NodeServer]) -> list[list[str]]:
         endpoint_addr = self.addresses[0]
         if self.topology is not None:  # ask node 0's own kernel: the port must be free there
             port = self.topology.free_port(0)
