@@ -216,14 +216,17 @@ def pytest_generate_tests(metafunc):
         return
     if "known" in names:
         metafunc.parametrize("known", spec.mistakes, ids=lambda m: m.student_id)
+    none = [pytest.param(None, None, id="none", marks=pytest.mark.skip(
+        reason=f"no mistake is graded end to end: {spec.checker_tests} carries them"))]
     if "mistakes" in names:
         graded_mistakes = spec.graded_mistakes()
-        metafunc.parametrize(("student", "mistakes"), list(graded_mistakes.items()),
-                             ids=list(graded_mistakes))
+        metafunc.parametrize(("student", "mistakes"), [
+            pytest.param(student, ms, id=student) for student, ms in graded_mistakes.items()]
+            or none)
     if "mistake" in names:
-        pairs = [(student, m) for student, ms in spec.graded_mistakes().items() for m in ms]
-        metafunc.parametrize(("student", "mistake"), pairs,
-                             ids=[m.student_id for _, m in pairs])
+        pairs = [pytest.param(student, m, id=m.student_id)
+                 for student, ms in spec.graded_mistakes().items() for m in ms]
+        metafunc.parametrize(("student", "mistake"), pairs or none)
     if "case" in names:
         metafunc.parametrize("case", cases_for(spec.name), ids=lambda case: case.student_id)
 

@@ -44,9 +44,10 @@ class Spec:
     name: str  # the assignment: solutions/<name>/<name>.ipynb, released to labs/<name>/
     mistakes: tuple[Mistake, ...]  # every known mistake, each run through its checker
     # Student ids of the mistakes the batch also grades, in distinct parts: handed in as one
-    # notebook, by the learner `together` (one kernel for all of them).
+    # notebook, by the learner `together` (one kernel for all of them). None: the checker tests
+    # carry every mistake, where a notebook's full run costs more than it shows.
     end_to_end: tuple[str, ...]
-    together: str
+    together: str | None
     hidden_at_least: int = 1  # lines of hidden tests the notebook has, at least
     stub_hint: str = STUB_HINT  # what an unfinished stub's test says to do
     # test grade_id -> what its error says in the untouched release, where it is no stub's
@@ -82,6 +83,8 @@ class Spec:
 
     def graded_mistakes(self) -> dict[str, tuple[Mistake, ...]]:
         """Learner -> the mistakes in the notebook they hand in, for the end-to-end batch."""
+        if not self.end_to_end:
+            return {}
         return {self.together: tuple(self.mistake(m) for m in self.end_to_end)}
 
     def with_mistakes(self, mistakes) -> nbformat.NotebookNode:
@@ -531,10 +534,13 @@ CAPSTONE = Spec(
                 "test_elastic_resume",
                 r"replayed after the resume, gave loss .*save and load the optimizer's state"),
     ),
-    # Every part starts a 2-node cluster: both mistakes in one notebook, one kernel.
-    end_to_end=("unsharded_prediction", "optimizer_left_behind"),
-    together="two_mistakes",
+    # None graded end to end: every capstone notebook runs five 2 x 2 cluster launches, about
+    # four minutes of CPU graded beside the solution, where each mistake's checker alone starts
+    # one (tests/test_checks_capstone.py). The labs' batches show what a mistake costs there.
+    end_to_end=(),
+    together=None,
     hidden_at_least=2,
+    checker_tests="tests/test_checks_capstone.py",
     marks=(pytest.mark.capstone, pytest.mark.dist),
 )
 

@@ -1,10 +1,11 @@
 """The capstone's checkers against known-wrong learner code (tests/capstone_code.py). Each
 cluster launch costs 10-40 s, so the right answers are graded once, end to end, in
-tests/test_grading_capstone.py, whose known mistakes (tests/grading_specs.py: CAPSTONE, both in one
-notebook) test the memory and resume checkers; here the training checker meets a mistake on the
-cluster, and every checker its cheap refusals."""
+tests/test_grading_capstone.py; here each known mistake (tests/grading_specs.py: CAPSTONE) meets
+its checker on the cluster, the training checker a mistake of its own, and every checker its
+cheap refusals."""
 
 import pytest
+import torch
 from capstone_code import (
     load_checkpoint,
     predict_memory,
@@ -13,6 +14,7 @@ from capstone_code import (
     shard_model_stub,
     shard_root_only,
 )
+from grading_specs import CAPSTONE as SPEC
 
 from gpulab.capstone import ParallelPlan
 from gpulab.checks.capstone import (
@@ -74,3 +76,20 @@ def test_tensor_parallelism_inside_a_node_passes(capsys):
     around lesson 06's DTensor plan, and still the one-process losses."""
     check_sharded_training(shard_model, ParallelPlan(dp_size=2, tp_size=2), steps=2)
     assert "tp_size=2" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- known mistakes
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", SPEC.mistakes, ids=lambda m: m.student_id)
+def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
+    """Each mistake that tests/grading_specs.py knows: the solution with that mistake, run here
+    up to its test cell, fails there, visible and hidden tests included, with the teaching
+    message. Each starts one 2-node cluster; none is graded end to end."""
+    threads = torch.get_num_threads()  # the notebook's imports cell sets one thread
+    try:
+        SPEC.expect_checker_teaches(mistake)
+    finally:
+        torch.set_num_threads(threads)
