@@ -27,6 +27,7 @@ child is in its own session, so `_procs.stop` reaches it by its pid as it reache
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import queue
@@ -43,6 +44,11 @@ from gpulab.distributed._procs import PACKAGE_ROOT
 OFF_VARIABLE = "GPULAB_FRESH_RANKS"  # "1": every rank in a fresh interpreter
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
          "from gpulab.distributed._forkserver import serve; serve(*map(int, sys.argv[1:3]))")
+# What a rank imports (gpulab decides the runner, as in each rank). torch._dynamo too: a rank's
+# first optimizer, and FSDP and DTensor calls, import it on the spot (torch._disable_dynamo),
+# about 2 s of CPU in every rank if the server has not.
+WARM = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor", "gpulab",
+        "gpulab.distributed._pickle", "gpulab.distributed._worker")
 _MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
 _START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
 
@@ -232,11 +238,8 @@ def serve(fd: int, launcher_pid: int) -> None:
     die_with_parent(launcher_pid)
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is the launcher's
-    import torch  # noqa: F401 - the point of the server: imported once, for every rank
-    import torch.distributed  # noqa: F401
-
-    import gpulab  # noqa: F401 - decides the runner, as each rank would
-    from gpulab.distributed import _pickle, _worker  # noqa: F401
+    for name in WARM:  # the point of the server: imported once, for every rank
+        importlib.import_module(name)
 
     children: set[int] = set()
     while True:

@@ -34,14 +34,13 @@ import sys
 import threading
 from pathlib import Path
 
-from gpulab.distributed import _procs
+from gpulab.distributed import _forkserver, _procs
 from gpulab.distributed._forkserver import OFF_VARIABLE, live_as_child, take_environment
 from gpulab.distributed._procs import PACKAGE_ROOT
 
 CLIENT = str(Path(__file__).with_name("_rank_client.py"))
-# What the course's cluster scripts import: torch's FSDP2, DTensor and checkpointing.
-WARM = ("torch", "torch.distributed", "gpulab", "gpulab.distributed._torchrun_entry",
-        "gpulab.distributed._worker", "torch.distributed.fsdp", "torch.distributed.tensor",
+# What any rank imports, and what the course's cluster scripts add: FSDP2 and checkpointing.
+WARM = (*_forkserver.WARM, "gpulab.distributed._torchrun_entry", "torch.distributed.fsdp",
         "torch.distributed.checkpoint")
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
          "from gpulab.distributed._nodeserver import serve; serve(sys.argv[1], int(sys.argv[2]))")
