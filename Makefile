@@ -25,7 +25,9 @@ TORCH_CPU_INDEX ?=
 PIP_INDEX := $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX),)
 # The install runs uv (resolving in parallel: seconds where pip takes minutes), with pip as the
 # fallback. uv does not read pip's configuration, so the folders of local wheels pip is told
-# about (a machine's copy of the CPU torch wheel, say) are passed on to it.
+# about (a machine's copy of the CPU torch wheel, say) are passed on to it. It compiles the
+# bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, or the venv is read-only (the
+# grading sandbox), every process would otherwise compile torch's sources again.
 PIP_FIND_LINKS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_FIND_LINKS = $(foreach links,$(PIP_FIND_LINKS),--find-links $(links))
 
@@ -50,8 +52,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv && \
-	  $(VENV)/bin/uv pip install --quiet --python $(PY) $(UV_FIND_LINKS) $(TORCH_PIN) \
-	    $(PIP_INDEX) --index-strategy unsafe-best-match -e '.[course]' || \
+	  $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) $(UV_FIND_LINKS) \
+	    $(TORCH_PIN) $(PIP_INDEX) --index-strategy unsafe-best-match -e '.[course]' || \
 	  $(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIN) $(PIP_INDEX) \
 	    -e '.[course]'
 	@touch $@
