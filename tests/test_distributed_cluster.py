@@ -147,6 +147,7 @@ parent = psutil.Process(os.getppid())
 print("report " + json.dumps({
     "rank": dist.get_rank(), "parent": parent.pid,
     "forked": "_nodeserver import serve" in " ".join(parent.cmdline()),
+    "server_children": len(parent.children()),  # this rank and its node's torchrun agent
     "fsdp_warm": "torch.distributed.fsdp" in __import__("sys").modules,
     "seen": os.environ.get("SEEN", "")}), flush=True)
 dist.destroy_process_group()
@@ -155,9 +156,10 @@ dist.destroy_process_group()
 
 def test_ranks_are_forked_from_a_server_per_node_kept_while_the_environment_is(
         tmp_path, monkeypatch, nothing_left_behind):
-    """A node's ranks are forked from its warm server (gpulab/distributed/_nodeserver.py), which
-    imported FSDP already; the servers serve the next run, unless its environment differs. With
-    GPULAB_FRESH_RANKS=1 each rank starts as a fresh interpreter under torchrun."""
+    """A node's torchrun agent and ranks are forked from its warm server
+    (gpulab/distributed/_nodeserver.py), which imported FSDP already; the servers serve the next
+    run, unless its environment differs. With GPULAB_FRESH_RANKS=1 each rank starts as a fresh
+    interpreter under torchrun."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
 
@@ -172,6 +174,7 @@ def test_ranks_are_forked_from_a_server_per_node_kept_while_the_environment_is(
         again = parents(cluster.run(script, timeout_s=60))
         other = parents(cluster.run(script, env={"SEEN": "yes"}, timeout_s=60))
     assert all(r["forked"] and r["fsdp_warm"] for r in (*first.values(), *other.values()))
+    assert {r["server_children"] for r in first.values()} == {2}, "the agent is forked too"
     assert {r["parent"] for r in first.values()} == {r["parent"] for r in again.values()}
     assert len({r["parent"] for r in first.values()}) == 2, "one server per node"
     assert not {r["parent"] for r in first.values()} & {r["parent"] for r in other.values()}

@@ -1,21 +1,24 @@
-"""A warm server per LocalCluster node, which forks that node's ranks: a rank's fresh interpreter
-spends about 5 s of CPU importing torch and torch.distributed's FSDP, tensor and checkpoint
-packages, and a 2 x 2 capstone run starts four of them (a third of the run's CPU).
+"""A warm server per LocalCluster node, which forks that node's torchrun agent and its ranks: a
+fresh rank spends about 5 s of CPU importing torch and torch.distributed's FSDP, tensor and
+checkpoint packages, a fresh agent about 3 s importing torch, and a 2 x 2 capstone run starts
+four ranks and two agents (over half of the run's CPU).
 
     server = NodeServer(path, prefix, env)   # `prefix`: the node's `ip netns exec NS`, or []
-    server.client_command()                   # what torchrun runs per rank (_rank_client.py)
+    server.agent_command(prefix, args)        # what the launcher runs for the agent
+    server.client_command()                   # what torchrun runs per rank
     server.close()
 
-The server is started like the node's torchrun agent (same environment, same network
-namespace, since a forked rank keeps its parent's), binds a Unix socket at `path`, imports
-WARM once, and forks a rank for each _rank_client.py that connects, as _forkserver.py does for
+The server is started as the node's agent would be (same environment, same network namespace,
+since a forked process keeps its parent's), binds a Unix socket at `path`, imports WARM once,
+and forks a process for each _node_client.py that connects, as _forkserver.py does for
 run_on_ranks: it runs no torch op and starts no thread, so forking it is safe. The child takes
-the client's environment, working directory and standard streams, then runs what
-`python -m gpulab.distributed._torchrun_entry REPORT script.py ARGS` would.
+the client's environment, working directory and standard streams, then runs what `python -m
+torch.distributed.run ARGS` (the agent) or `python -m gpulab.distributed._torchrun_entry REPORT
+script.py ARGS` (a rank) would.
 
 No orphans: the server dies with the launcher (PR_SET_PDEATHSIG) and is stopped when the
-cluster is left; each rank dies with the server, and kills itself when its client's pipe closes
-(the agent stopped the client).
+cluster is left; each child dies with the server, and kills itself when its client's pipe
+closes (the launcher or the agent stopped the client); a client dies with its parent.
 Used on Linux, on the cpu runner: a GPU rank's imports are small beside its work, and CUDA is
 best initialized in a fresh process. GPULAB_FRESH_RANKS=1 turns it off, as for run_on_ranks.
 """
@@ -26,6 +29,7 @@ import contextlib
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -38,10 +42,11 @@ from gpulab.distributed import _forkserver, _procs
 from gpulab.distributed._forkserver import OFF_VARIABLE, live_as_child, take_environment
 from gpulab.distributed._procs import PACKAGE_ROOT
 
-CLIENT = str(Path(__file__).with_name("_rank_client.py"))
-# What any rank imports, and what the course's cluster scripts add: FSDP2 and checkpointing.
+CLIENT = str(Path(__file__).with_name("_node_client.py"))
+# What any rank imports, what the course's cluster scripts add (FSDP2 and checkpointing), and
+# torchrun's agent.
 WARM = (*_forkserver.WARM, "gpulab.distributed._torchrun_entry", "torch.distributed.fsdp",
-        "torch.distributed.checkpoint")
+        "torch.distributed.checkpoint", "torch.distributed.run")
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
          "from gpulab.distributed._nodeserver import serve; serve(sys.argv[1], int(sys.argv[2]))")
 _MAX_MESSAGE = 1 << 20
@@ -68,6 +73,10 @@ class NodeServer:
         """Alive, and started with `env`: what it imported read its environment."""
         return self._proc.poll() is None and env == self.env
 
+    def agent_command(self, prefix: list[str], args: list[str]) -> list[str]:
+        """The node's torchrun agent with torchrun's `args`, forked by this server."""
+        return [*prefix, sys.executable, CLIENT, self.path, "--agent", *args]
+
     def client_command(self) -> list[str]:
         """torchrun's entry point for each rank, in place of `-m _torchrun_entry`."""
         return ["--no-python", sys.executable, CLIENT, self.path]
@@ -82,7 +91,8 @@ class NodeServer:
 
 
 def serve(path: str, launcher_pid: int) -> None:
-    """Bind `path`, import WARM, then fork a rank per client until the launcher stops it."""
+    """Bind `path`, import WARM, then fork an agent or a rank per client until the launcher
+    stops it."""
     _procs.die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the launcher's to handle
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -91,23 +101,23 @@ def serve(path: str, launcher_pid: int) -> None:
     for name in WARM:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    ranks: dict[int, socket.socket] = {}  # pid -> its client's connection
+    children: dict[int, socket.socket] = {}  # pid -> its client's connection
     while True:
         ready, _, _ = select.select([listener], [], [], 0.05)
         if ready:
             conn, _ = listener.accept()
-            _fork_rank(listener, conn, ranks)
-        while ranks:
+            _fork(listener, conn, children)
+        while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            conn = ranks.pop(pid, None)
+            conn = children.pop(pid, None)
             if conn is not None:
                 _send(conn, {"code": os.waitstatus_to_exitcode(status)})
                 conn.close()
 
 
-def _fork_rank(listener, conn, ranks) -> None:
+def _fork(listener, conn, children) -> None:
     conn.settimeout(5.0)  # a client sends its request as soon as it connects
     try:
         message, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 4)
@@ -120,10 +130,10 @@ def _fork_rank(listener, conn, ranks) -> None:
         return
     pid = os.fork()
     if pid == 0:
-        _become_rank(listener, conn, json.loads(message), fds)  # never returns
+        _become(listener, conn, json.loads(message), fds)  # never returns
     for fd in fds:
         os.close(fd)
-    ranks[pid] = conn
+    children[pid] = conn
     _send(conn, {"pid": pid})
 
 
@@ -132,10 +142,11 @@ def _send(conn: socket.socket, event: dict) -> None:
         conn.send(json.dumps(event).encode())
 
 
-def _become_rank(listener, conn, request: dict, fds: list[int]) -> None:
-    """In the child: the rank `python -m gpulab.distributed._torchrun_entry ARGV` would be."""
+def _become(listener, conn, request: dict, fds: list[int]) -> None:
+    """In the child: the agent `python -m torch.distributed.run ARGV` or the rank `python -m
+    gpulab.distributed._torchrun_entry ARGV` would be."""
 
-    def rank() -> None:
+    def life() -> None:
         server = os.getppid()
         os.setsid()
         listener.close()
@@ -148,15 +159,19 @@ def _become_rank(listener, conn, request: dict, fds: list[int]) -> None:
         threading.Thread(target=_die_when_closed, args=(alive,), daemon=True).start()
         os.chdir(request["cwd"])
         take_environment(request["env"])
+        if request.get("kind") == "agent":
+            sys.argv = ["torchrun", *request["argv"]]
+            runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+            return
         from gpulab.distributed._torchrun_entry import main
 
         main(*request["argv"])
 
-    live_as_child(rank)
+    live_as_child(life)
 
 
 def _die_when_closed(fd: int) -> None:
-    """The client holds the other end: when it is gone (stopped by its agent), so is the rank."""
+    """The client holds the other end: when it is gone (stopped or killed), so is its process."""
     with contextlib.suppress(OSError):
         while os.read(fd, 1):
             pass

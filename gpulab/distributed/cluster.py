@@ -20,11 +20,12 @@ numbers the nodes itself, so global ranks need not follow LocalCluster's node or
 --local-addr matters in a namespace: without it, torchrun would advertise the machine's
 hostname, whose address does not exist inside the namespace.
 
-On the cpu runner (Linux) each node also has a warm server that forks its ranks
-(_nodeserver.py): torchrun then runs `--no-python python _rank_client.py SOCKET REPORT
-script.py ARGS` instead of `-m gpulab.distributed._torchrun_entry`, and a rank skips the 5 s of
-CPU a fresh interpreter spends importing torch. The servers live as long as the `with` block,
-and are replaced when a run's environment differs; GPULAB_FRESH_RANKS=1 turns them off.
+On the cpu runner (Linux) each node also has a warm server that forks its agent and its ranks
+(_nodeserver.py): the launcher runs `python _node_client.py SOCKET --agent ARGS` for the agent,
+and torchrun `--no-python python _node_client.py SOCKET REPORT script.py ARGS` instead of `-m
+gpulab.distributed._torchrun_entry`, so that neither spends the 3 to 5 s of CPU a fresh
+interpreter spends importing torch. The servers live as long as the `with` block, and are
+replaced when a run's environment differs; GPULAB_FRESH_RANKS=1 turns them off.
 
 run() adds what torchrun_script adds (time limits that stop whole process trees, output by node
 and rank, the failing rank's traceback) plus: a node whose agent gives up ends the run (with a
@@ -219,7 +220,7 @@ class LocalCluster:
             shutil.rmtree(self._server_dir, ignore_errors=True)
             self._server_dir = None
 
-    def _commands(self, script, args, report: Path, max_restarts: int,
+    def _commands(self, script, script_args, report: Path, max_restarts: int,
                   servers: list[_nodeserver.NodeServer]) -> list[list[str]]:
         endpoint_addr = self.addresses[0]
         if self.topology is not None:  # ask node 0's own kernel: the port must be free there
@@ -231,7 +232,7 @@ class LocalCluster:
         commands = []
         for node_rank, address in enumerate(self.addresses):
             prefix = self.topology.exec_prefix(node_rank) if self.topology else []
-            commands.append(prefix + boot + [
+            args = [
                 "--nnodes", str(self.nodes), "--nproc-per-node", str(self.procs_per_node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint_addr}:{port}",
                 "--rdzv-id", job,
@@ -240,7 +241,9 @@ class LocalCluster:
                 "--local-addr", address, "--max-restarts", str(max_restarts), "--tee", "3",
                 *(servers[node_rank].client_command() if servers
                   else ["-m", "gpulab.distributed._torchrun_entry"]),
-                str(report), str(script), *map(str, args)])
+                str(report), str(script), *map(str, script_args)]
+            commands.append(servers[node_rank].agent_command(prefix, args) if servers
+                            else prefix + boot + args)
         return commands
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
