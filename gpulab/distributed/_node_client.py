@@ -33,6 +33,8 @@ FRESH = {"agent": "torch.distributed.run", "rank": "gpulab.distributed._torchrun
 
 
 def _die_with_parent() -> None:
+    """_procs.die_with_parent, for the parent of the moment: importing _procs would import
+    gpulab.distributed, and with it torch, the cost this process exists to avoid."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         try:
