@@ -345,7 +345,8 @@ def test_a_rank_that_kills_the_fork_server_is_reported_killed_and_the_next_launc
 
 def test_ranks_are_forked_from_one_server_and_start_as_fresh_interpreters(monkeypatch):
     """Two launches share the server; each rank draws its own random numbers and gets the
-    launch's thread count and environment; a changed environment gets a new server, and
+    launch's thread count and environment; a changed environment gets a new server (but not a
+    new PYTEST_CURRENT_TEST, which nothing imported reads), and
     GPULAB_FRESH_RANKS=1 starts each rank as a fresh interpreter."""
     first = run_on_ranks(_fresh_state, 2, backend="gloo")
     second = run_on_ranks(_fresh_state, 2, backend="gloo")
@@ -354,6 +355,11 @@ def test_ranks_are_forked_from_one_server_and_start_as_fresh_interpreters(monkey
     assert {r[0] for r in first + second} == {server}, "one server for both launches"
     assert len({r[1] for r in first + second}) == 4, "each rank its own random numbers"
     assert {r[2] for r in first} == {max(1, (os.cpu_count() or 1) // 2)}, "OMP_NUM_THREADS"
+
+    # pytest renames the running test before each phase: no reason to import torch again
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/next_test.py::test (call)")
+    third = run_on_ranks(_fresh_state, 2, backend="gloo")
+    assert {r[0] for r in third} == {server}, "kept across a change of PYTEST_CURRENT_TEST"
 
     monkeypatch.setenv("GPULAB_X", "set in a cell")
     changed = run_on_ranks(_fresh_state, 2, backend="gloo")

@@ -51,6 +51,10 @@ WARM = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor
         "gpulab.distributed._pickle", "gpulab.distributed._worker")
 _MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
 _START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
+# Variables that change while nothing a server imported reads them: pytest names the running
+# test and its phase in PYTEST_CURRENT_TEST. Replacing the server for them would import torch
+# again for every test that launches ranks (each rank still gets the launcher's environment).
+VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 class _Shared:
@@ -77,6 +81,11 @@ def shared_server() -> ForkServer:
                 _Shared.server.close()
             _Shared.server = _start_in_keeper_thread()
         return _Shared.server
+
+
+def lasting_environment() -> dict[str, str]:
+    """This process's environment as the server's imports saw it: all but VOLATILE."""
+    return {k: v for k, v in os.environ.items() if k not in VOLATILE}
 
 
 def _start_in_keeper_thread() -> ForkServer:
@@ -127,7 +136,7 @@ class ForkServer:
 
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._environ = dict(os.environ)
+        self._environ = lasting_environment()
         import gpulab
 
         env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
@@ -151,7 +160,7 @@ class ForkServer:
         atexit.register(self.close)
 
     def usable(self) -> bool:
-        return self._proc.poll() is None and dict(os.environ) == self._environ
+        return self._proc.poll() is None and lasting_environment() == self._environ
 
     def start(self, argv: list[str], env: dict[str, str], go_fd: int) -> ForkedRank:
         """A child running the rank `argv` (LAUNCH_DIR RANK) with `env`, reading `go_fd`."""
