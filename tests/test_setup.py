@@ -128,6 +128,14 @@ def test_install_is_idempotent():
     assert "pip install" not in plan.stdout, "a second `make` would reinstall everything"
 
 
+def test_install_compiles_the_course_where_python_would_not():
+    """Under PYTHONDONTWRITEBYTECODE (CI, containers) every process would compile gpulab's
+    sources again: `make install` writes their bytecode itself."""
+    plan = subprocess.run(["make", "-n", "install"], cwd=ROOT, capture_output=True, text=True)
+    compile_line = next((line for line in plan.stdout.splitlines() if "compileall" in line), "")
+    assert {"gpulab", "autograder"} <= set(compile_line.split()), plan.stdout
+
+
 def test_lint_is_clean():
     ruff = Path(sys.executable).with_name("ruff")
     done = subprocess.run([str(ruff), "check", "gpulab", "autograder", "tests", "benchmarks"],
