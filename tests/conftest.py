@@ -13,13 +13,15 @@ collect_ignore_glob = ["fixtures/*"]
 # grades one notebook's batch (tests/grading_checks.py); `make test` runs --dist loadfile with
 # --no-loadscope-reorder, so that a file's tests stay on one worker (nbval needs it too: a
 # notebook's cells share a kernel) and the files go out in this order, as a fresh clone's
-# `make test` measured them (seconds, both workers busy): 209, 206 (`bench --quick`), 188, 178,
-# 158, 125, 122, 75, 50.
-LONGEST_FIRST = ("tests/test_checks_lab3.py", "tests/test_setup.py",
-                 "tests/test_grading_lab3.py", "tests/test_grading_capstone.py",
-                 "tests/test_grading_lab4.py", "tests/test_grading_quiz.py",
-                 "tests/test_grading_lab1.py", "tests/test_grading_lab5.py",
-                 "tests/test_grading_lab2.py")
+# `make test` measured them (seconds, both workers busy): 115, 107, 106 (`bench --quick`), 87,
+# 82, 76, 69, 65, 64, 59, 54, 51, 50.
+LONGEST_FIRST = ("tests/test_grading_lab3.py", "tests/test_grading_lab4.py",
+                 "tests/test_setup.py", "tests/test_grading_lab1.py",
+                 "tests/test_grading_capstone.py", "tests/test_distributed_cluster.py",
+                 "tests/test_autograder_robustness.py", "tests/test_grading_lab5.py",
+                 "tests/test_grading_quiz.py", "tests/test_autograder_parallel.py",
+                 "tests/test_checks_lab4.py", "tests/test_checks_lab3.py",
+                 "tests/test_distributed_launch.py")
 
 
 def pytest_collection_modifyitems(config, items):
