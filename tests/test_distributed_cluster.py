@@ -171,7 +171,9 @@ def test_ranks_are_forked_from_a_server_per_node_kept_while_the_environment_is(
 
     with LocalCluster(nodes=2, procs_per_node=1, isolation="loopback", echo=False) as cluster:
         first = parents(cluster.run(script, timeout_s=60))
-        again = parents(cluster.run(script, timeout_s=60))
+        # pytest names the next test in the environment: nothing the servers imported reads it
+        again = parents(cluster.run(script, env={"PYTEST_CURRENT_TEST": "tests/next.py::t (call)"},
+                                    timeout_s=60))
         other = parents(cluster.run(script, env={"SEEN": "yes"}, timeout_s=60))
     assert all(r["forked"] and r["fsdp_warm"] for r in (*first.values(), *other.values()))
     assert {r["server_children"] for r in first.values()} == {2}, "the agent is forked too"

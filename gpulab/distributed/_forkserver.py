@@ -54,6 +54,7 @@ _START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
 # Variables that change while nothing a server imported reads them: pytest names the running
 # test and its phase in PYTEST_CURRENT_TEST. Replacing the server for them would import torch
 # again for every test that launches ranks (each rank still gets the launcher's environment).
+# The node servers of a LocalCluster follow the same rule (_nodeserver.py).
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 
 
@@ -83,9 +84,9 @@ def shared_server() -> ForkServer:
         return _Shared.server
 
 
-def lasting_environment() -> dict[str, str]:
-    """This process's environment as the server's imports saw it: all but VOLATILE."""
-    return {k: v for k, v in os.environ.items() if k not in VOLATILE}
+def lasting(env) -> dict[str, str]:
+    """`env` as what a server imported would have read it: all but VOLATILE."""
+    return {k: v for k, v in env.items() if k not in VOLATILE}
 
 
 def _start_in_keeper_thread() -> ForkServer:
@@ -136,7 +137,7 @@ class ForkServer:
 
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._environ = lasting_environment()
+        self._environ = lasting(os.environ)
         import gpulab
 
         env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
@@ -160,7 +161,7 @@ class ForkServer:
         atexit.register(self.close)
 
     def usable(self) -> bool:
-        return self._proc.poll() is None and lasting_environment() == self._environ
+        return self._proc.poll() is None and lasting(os.environ) == self._environ
 
     def start(self, argv: list[str], env: dict[str, str], go_fd: int) -> ForkedRank:
         """A child running the rank `argv` (LAUNCH_DIR RANK) with `env`, reading `go_fd`."""

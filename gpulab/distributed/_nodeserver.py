@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 
 from gpulab.distributed import _forkserver, _procs
-from gpulab.distributed._forkserver import OFF_VARIABLE, live_as_child, take_environment
+from gpulab.distributed._forkserver import OFF_VARIABLE, lasting, live_as_child, take_environment
 from gpulab.distributed._procs import PACKAGE_ROOT
 
 CLIENT = str(Path(__file__).with_name("_node_client.py"))
@@ -71,7 +71,7 @@ class NodeServer:
 
     def usable(self, env: dict[str, str]) -> bool:
         """Alive, and started with `env`: what it imported read its environment."""
-        return self._proc.poll() is None and env == self.env
+        return self._proc.poll() is None and lasting(env) == lasting(self.env)
 
     def agent_command(self, prefix: list[str], args: list[str]) -> list[str]:
         """The node's torchrun agent with torchrun's `args`, forked by this server."""
