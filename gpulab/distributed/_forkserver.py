@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 
 from gpulab.distributed._procs import PACKAGE_ROOT
 
@@ -84,7 +85,7 @@ def shared_server() -> ForkServer:
         return _Shared.server
 
 
-def lasting(env) -> dict[str, str]:
+def lasting(env: Mapping[str, str]) -> dict[str, str]:
     """`env` as what a server imported would have read it: all but VOLATILE."""
     return {k: v for k, v in env.items() if k not in VOLATILE}
 

@@ -70,7 +70,8 @@ class NodeServer:
             stderr=subprocess.DEVNULL, start_new_session=True)
 
     def usable(self, env: dict[str, str]) -> bool:
-        """Alive, and started with `env`: what it imported read its environment."""
+        """Alive, and started with `env` (but for VOLATILE variables): what it imported read
+        its environment."""
         return self._proc.poll() is None and lasting(env) == lasting(self.env)
 
     def agent_command(self, prefix: list[str], args: list[str]) -> list[str]:
