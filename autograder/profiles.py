@@ -88,6 +88,12 @@ def _frozen(mapping: dict[str, str]) -> Mapping[str, str]:
 # A grading kernel has no display: pictures render off-screen. GPULAB_GRADING: a learner's
 # gpulab.progress() cell does not run the visible checks again (the grader runs them).
 _COMMON = {"MPLBACKEND": "Agg", "GPULAB_GRADING": "1"}
+# One intra-op thread per grading kernel on the cpu runner: --jobs spreads kernels over the
+# cores. With a thread per core, kernels beside each other (or any other load) oversubscribe
+# the cores, and PyTorch's threads wait for one another at every op: a small MLP's forward and
+# backward take ten times as long, and a profile's shares turn over (Lab 4's "data" phase went
+# from 60% of a step to 10%). The checkers already time on one thread (one_thread).
+CPU_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 PROFILES: Mapping[str, RunnerProfile] = _frozen(
     {
@@ -96,7 +102,7 @@ PROFILES: Mapping[str, RunnerProfile] = _frozen(
             cell_timeout_s=180,
             submission_timeout_s=3600,
             needs_gpu=False,
-            env=_frozen({**_COMMON, "GPULAB_RUNNER": "cpu"}),
+            env=_frozen({**_COMMON, **CPU_THREADS, "GPULAB_RUNNER": "cpu"}),
         ),
         "gpu": RunnerProfile(
             name="gpu",

@@ -385,3 +385,6 @@ def test_the_kernel_inherits_no_secret_from_the_grader():
     for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "PYTHONPATH", "AUTOGRADER_SCRATCH"):
         assert name not in env, name
     assert env["JPY_PARENT_PID"] == "1", "pid 1234 is not this process's parent: don't watch it"
+    # The runner profile's one-thread setting reaches the kernel through the sandbox.
+    threads = kernel_environment(get_profile("cpu").kernel_env(grader), "/home/learner", "/tmp")
+    assert threads["OMP_NUM_THREADS"] == threads["MKL_NUM_THREADS"] == "1"

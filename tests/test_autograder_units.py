@@ -66,6 +66,8 @@ def test_profiles_set_the_runner_and_a_longer_timeout_on_the_simulator():
     env = cpu.kernel_env({"PATH": "/bin", "NUMBA_ENABLE_CUDASIM": "0", "GPULAB_RUNNER": "gpu"})
     assert env["GPULAB_RUNNER"] == "cpu" and env["PATH"] == "/bin"
     assert "NUMBA_ENABLE_CUDASIM" not in env, "the kernel's `import gpulab` decides the simulator"
+    assert env["OMP_NUM_THREADS"] == "1", "kernels graded side by side must not oversubscribe"
+    assert cpu.kernel_env({"OMP_NUM_THREADS": "8"})["OMP_NUM_THREADS"] == "1"
     assert gpu.kernel_env({})["GPULAB_RUNNER"] == "gpu"
     with pytest.raises(ProfileError, match="cpu, gpu"):
         get_profile("tpu")
