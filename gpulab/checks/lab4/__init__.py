@@ -26,7 +26,7 @@ ASSIGNMENT = Assignment("lab4_memory_and_profiling", (
     part("fit_step", 5, Check("check_fit_step", ("fit_step",))),
     part("profile_reading", 3, Check("check_profile_reading",
                                      ("DOMINANT_PHASE", "PHASE_SHARE", "SYNCS_PER_STEP",
-                                      "H2D_BYTES_PER_STEP"),
+                                      "H2D_BYTES_PER_STEP", "profile"),
                                      {"want": Answer("lab4.profile_reading")})),
     part("fast_results", 2, Check("check_fast_results", ("fast_train",))),
     part("fast_technique", 2, Check("check_fast_technique", ("fast_train",))),
