@@ -11,6 +11,7 @@ processes of its own.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 import gpulab.checks
@@ -260,8 +261,10 @@ tail_utilization = utilization = 1000 / (n_waves * a100.sms * 4)  # 1.0
 # once: what they try happens in the ring's processes, and grading the whole lab for each would
 # cost minutes for nothing more.
 LAB3_ZERO = dict.fromkeys(gpulab.checks.assignment("lab3_ddp_from_scratch").points, 0.0)
-# In the command line of every process the orphans case starts: none may outlive grading.
-LAB3_ORPHAN_MARKER = "gpulab-lab3-orphan-7c1e"
+# In the command line of every process the orphans case starts: none may outlive grading. One
+# per test process: a second suite on the same machine (a shared CI runner) grades its own
+# orphans case, whose processes are alive while it runs and are not this run's leftovers.
+LAB3_ORPHAN_MARKER = f"gpulab-lab3-orphan-{uuid.uuid4().hex[:12]}"
 
 # Lab 3 runs the learner's ring on processes of its own (gpulab.distributed.run_on_ranks): what
 # those do must not hang the grader, outlive it, or cost another part its points.
