@@ -7,6 +7,7 @@ turns on Numba's CUDA simulator before numba.cuda is loaded.
     gpulab.runner            # Runner(name='cpu', ...): sizes, device, backend, precision recipe
     gpulab.show_source(fn)   # read the library's code from a lesson
     gpulab.progress("lab1")  # which parts of a lab pass their visible tests, and why not
+    gpulab.hint("lab1", "transpose")   # the next hint for a part, one level per call
 """
 
 from gpulab import compat, env, simulator_fix
@@ -29,7 +30,11 @@ def __getattr__(name: str):
         from gpulab.self_check import progress
 
         return progress
+    if name == "hint":
+        from gpulab.self_check.hints import hint
+
+        return hint
     raise AttributeError(f"module 'gpulab' has no attribute {name!r}")
 
 
-__all__ = ["env", "progress", "runner", "show_source", "__version__"]
+__all__ = ["env", "hint", "progress", "runner", "show_source", "__version__"]

@@ -17,11 +17,13 @@ import os
 import sys
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 RUNNER_CHOICES = ("auto", "cpu", "gpu")
 # "1" in the grader's kernels (autograder/profiles.py): what only a learner needs (a progress()
 # table, lines that show a long run moving) is left out of grading.
 GRADING_VARIABLE = "GPULAB_GRADING"
+STATE_DIR_VARIABLE = "GPULAB_STATE_DIR"  # where hint() records the levels seen (state_dir)
 
 
 class RunnerError(RuntimeError):
@@ -45,6 +47,15 @@ def nvidia_gpu_count() -> int:
 def grading() -> bool:
     """True inside the grader's kernels."""
     return os.environ.get(GRADING_VARIABLE) == "1"
+
+
+def state_dir(environ=os.environ) -> Path:
+    """Where gpulab keeps a learner's small state (the hints seen): GPULAB_STATE_DIR, else
+    $XDG_STATE_HOME/gpulab, else ~/.local/state/gpulab."""
+    if environ.get(STATE_DIR_VARIABLE):
+        return Path(environ[STATE_DIR_VARIABLE]).expanduser()
+    base = environ.get("XDG_STATE_HOME") or "~/.local/state"
+    return Path(base).expanduser() / "gpulab"
 
 
 def in_colab() -> bool:
