@@ -4,7 +4,10 @@
     losses, model = problem.run(slow_train)      # fresh seeded model and optimizer, then train
     show_source(slow_train)                      # read the loop you are asked to speed up
 
-slow_train trains an MLP on the raw 8x8 digits (uint8 pixels 0..16) and pays, every step, for:
+slow_train trains an MLP on the raw 8x8 digits (uint8 pixels 0..16). Lab 4 shows its source and
+asks the learner to find, by profiling and counting, what it pays for every step; its comments
+say what each line does, not what it costs, and the lab's hints live beside its checkers. What
+a profile finds:
 
     a transform in Python   each example is standardized pixel by pixel in __getitem__, and
                             built into a tensor row by row, every time it is read
@@ -115,9 +118,7 @@ def slow_train(model, optimizer, images, labels, *, steps: int, batch_size: int,
         MICRO_BATCH_SIZE examples at a time, each micro-batch's mean weighted by its share of
         the batch, with the gradients adding up in .grad; then one optimizer.step();
       - the value returned for step s: that mean loss, before the step's update.
-    batch_size must be a multiple of MICRO_BATCH_SIZE. No randomness other than `seed`.
-
-    Slow on purpose, in the ways a profile shows (see the module's docstring for a GPU)."""
+    batch_size must be a multiple of MICRO_BATCH_SIZE. No randomness other than `seed`."""
     if batch_size % MICRO_BATCH_SIZE:
         raise ValueError(f"batch_size must be a multiple of {MICRO_BATCH_SIZE}, got {batch_size}")
     device = next(model.parameters()).device
@@ -133,16 +134,16 @@ def slow_train(model, optimizer, images, labels, *, steps: int, batch_size: int,
         for _ in range(batch_size // MICRO_BATCH_SIZE):
             with phase("data"):
                 x, y = next(micro_batches)  # MICRO_BATCH_SIZE examples, each transformed above
-                x, y = x.to(device), y.to(device)  # one small blocking copy per micro-batch
+                x, y = x.to(device), y.to(device)  # this micro-batch, to the model's device
             with phase("forward"):
                 logits = model(x)  # (MICRO_BATCH_SIZE, 10)
                 loss = F.cross_entropy(logits, y) * (len(y) / batch_size)  # its share
             with phase("backward"):
                 loss.backward()  # adds into .grad
-            step_loss += loss.item()  # the host waits for the device here...
-            if not torch.isfinite(loss).item():  # ...and here
+            step_loss += loss.item()  # its share of the step's loss, as a Python float
+            if not torch.isfinite(loss).item():  # stop at the first NaN or infinite loss
                 raise FloatingPointError(f"the loss is {loss.item()} at step {step}")
-            correct += int((logits.argmax(1).cpu() == y.cpu()).sum())  # copies, and a third wait
+            correct += int((logits.argmax(1).cpu() == y.cpu()).sum())  # right answers, logged
         with phase("optimizer"):
             optimizer.step()
         log.debug("step %d: loss %.4f, accuracy %.3f", step, step_loss, correct / batch_size)
