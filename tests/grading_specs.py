@@ -276,6 +276,19 @@ LAB3 = Spec(
                 # 20 s in the lab; the checkers' tests shorten the wait.
                 r"did not finish within \d+ s.*waiting in send to rank 1.*deadlocks: gloo's "
                 r"send waits until the neighbour posts the matching receive"),
+        # The right sums, each chunk cut in two messages: only the ring's traffic tells.
+        Mistake("chunks_in_halves", "ring_all_reduce",
+                "        ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, "
+                "recv, left)]\n        for request in dist.batch_isend_irecv(ops):\n"
+                "            request.wait()\n",
+                "        for out, into in zip(send.tensor_split(2), recv.tensor_split(2)):\n"
+                "            ops = [dist.P2POp(dist.isend, out, right), "
+                "dist.P2POp(dist.irecv, into, left)]\n"
+                "            for request in dist.batch_isend_irecv(ops):\n"
+                "                request.wait()\n",
+                "test_ring_all_reduce",
+                r"the right result, but rank 0 sent \d+ elements in 4 messages.*more than a "
+                r"ring's 2 \(p - 1\) = 2\. Every message pays a fixed latency"),
         Mistake("undivided", "simple_ddp",
                 "            p.grad /= world_size  # the mean: the whole batch's gradient\n", "",
                 "test_simple_ddp",

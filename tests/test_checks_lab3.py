@@ -1,7 +1,8 @@
 """Lab 3's checkers pass the lab's own solution, run on real processes, and fail, with the message
 that teaches, on the wrong versions learners write: a ring that averages, that sends the wrong
 chunk, that skips the all-gather, that deadlocks, that leaves a transposed tensor untouched, that
-calls dist.all_reduce or gpulab's ring; a wrapper that does not divide, does not broadcast,
+calls dist.all_reduce or gpulab's ring, that gets the sums right by sending whole tensors or too
+many messages; a wrapper that does not divide, does not broadcast,
 averages the start, all-reduces only after backward, never waits, blocks in its hooks, launches
 buckets out of order, broadcasts on rank 0 only; a training loop without set_epoch, without the
 seed, without a DistributedSampler, with the global batch on every rank, without
@@ -123,6 +124,46 @@ def test_a_wrong_ring_fails_with_its_message(name):
     changes, kwargs, match = WRONG_RINGS[name]
     fails(check_ring_all_reduce, notebook(changes).ring_all_reduce,
           **{"world_sizes": (2,), **kwargs}, match=match)
+
+
+WHOLE_TENSOR_TO_EVERY_RANK = '''
+def ring_all_reduce(tensor, op="sum"):
+    p, rank = dist.get_world_size(), dist.get_rank()
+    flat = tensor.contiguous().view(-1)
+    combine = torch.add if op == "sum" else torch.maximum
+    others = {peer: torch.empty_like(flat) for peer in range(p) if peer != rank}
+    requests = []
+    for peer, into in others.items():
+        requests += [dist.isend(flat, peer), dist.irecv(into, peer)]
+    for request in requests:
+        request.wait()
+    result = flat.clone()
+    for into in others.values():
+        combine(result, into, out=result)
+    flat.copy_(result)
+    if not tensor.is_contiguous():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+'''
+
+
+def test_the_right_sum_from_whole_tensors_fails_with_its_traffic():
+    """Every rank sends its whole tensor to every other: the right numbers, (p - 1) n elements
+    a rank where a ring sends 2 (p - 1) ceil(n / p). On 2 ranks the two are equal, and pass."""
+    naive = notebook(extra=WHOLE_TENSOR_TO_EVERY_RANK).ring_all_reduce
+    check_ring_all_reduce(naive, world_sizes=(2,), sizes=(8,))
+    fails(check_ring_all_reduce, naive, world_sizes=(3,), sizes=(1000,), ops=("sum",),
+          match=r"n=1000, op='sum' on 3 ranks\) gives the right result, but rank 0 sent 2000 "
+                r"elements in 2 messages \(the largest 1000\): that is the whole tensor, more "
+                r"than once\. A ring sends at most 1336 elements per rank here")
+
+
+def test_the_traffic_bound_is_the_rings_own():
+    from gpulab.checks.lab3.ring import ring_traffic_bound
+
+    assert ring_traffic_bound(1000, 3) == (4, 1336)  # chunks of 334, 333, 333
+    assert ring_traffic_bound(7, 2) == (2, 8)
+    assert ring_traffic_bound(1, 4) == (6, 6)  # one chunk of 1, three empty ones
 
 
 def test_a_ring_of_blocking_sends_deadlocks_and_is_stopped_with_where_it_waited(quick_timeouts):

@@ -7,8 +7,10 @@
 
 Recorded: every collective and blocking message by name, with the size of its tensor, the phase
 the checker was in (a case's label, "backward", "finish"...), whether it was asynchronous and
-whether its handle was waited for; and calls into code the learner may not borrow (gpulab's own
-all-reduce or DDP, torch's DistributedDataParallel). Each event is also a JSON line in a file,
+whether its handle was waited for; every point-to-point message the rank sends, however it was
+posted (send, isend, batch_isend_irecv: all go through ProcessGroup.send), with its size; and
+calls into code the learner may not borrow (gpulab's own all-reduce or DDP, torch's
+DistributedDataParallel). Each event is also a JSON line in a file,
 flushed at once, which the checker reads when the ranks hang or crash (read_logs).
 The originals are read when a recording starts, before the learner's code runs in it, so code
 that replaces dist.all_reduce cannot change what is recorded. Shipped to the ranks by value,
@@ -53,6 +55,7 @@ class CallLog:
     def __init__(self, path: str | None = None):
         self.calls: list[dict] = []
         self.borrowed: list[str] = []  # "gpulab's own code (allreduce.py: ring_all_reduce)"
+        self.sent: list[dict] = []  # each message this rank sent: {"phase", "numel", "dst"}
         self.phase, self.step = "setup", 0
         self.pending = None  # callable: gradients still to come in this backward, or None
         # Inside a recorded call: a TorchFunctionMode (torch.device("meta") as a context) sends
@@ -100,6 +103,10 @@ class CallLog:
             self._inside = False
         return Handle(work, call, self) if call["async"] and work is not None else work
 
+    def _sent(self, tensors, dst) -> None:
+        self.sent.append({"phase": self.phase, "dst": dst,
+                          "numel": sum(int(t.numel()) for t in tensors)})
+
     def _profile(self, frame, event, arg) -> None:
         if event != "call" or len(self.borrowed) >= 3:
             return
@@ -129,6 +136,8 @@ class _Recording:
                     continue
                 self.saved.append((module, name, original))
                 setattr(module, name, _recorder(self.log, name, original))
+        self._send = dist.ProcessGroup.send  # where every message goes, blocking or not
+        dist.ProcessGroup.send = _send_recorder(self.log, self._send)
         if self.profile:
             self.saved_profile = sys.getprofile()
             sys.setprofile(self.log._profile)
@@ -137,6 +146,7 @@ class _Recording:
     def __exit__(self, *exc):
         if self.profile:
             sys.setprofile(self.saved_profile)
+        dist.ProcessGroup.send = self._send
         for module, name, original in reversed(self.saved):
             setattr(module, name, original)
         return False
@@ -154,6 +164,17 @@ def _recorder(log: CallLog, name: str, original):
     recorded.__name__ = recorded.__qualname__ = name
     recorded.__doc__ = getattr(original, "__doc__", None)
     return recorded
+
+
+def _send_recorder(log: CallLog, original):
+    """ProcessGroup.send that notes each message's size: isend and P2POp must stay torch's own
+    functions (P2POp checks), so messages are counted where they all meet."""
+
+    def send(group, tensors, dst, *args, **kwargs):
+        log._sent(tensors, dst)
+        return original(group, tensors, dst, *args, **kwargs)
+
+    return send
 
 
 class Handle:

@@ -33,7 +33,7 @@ def ring_rank(rank, world_size, ring_all_reduce, cases, log_dir):
     """dist.all_reduce on a copy of this rank's input of every case (all first: a ring that
     misbehaves cannot disturb them), then the learner's ring_all_reduce(tensor, op) on the
     inputs themselves. Returns, per case: the input after the call, what the call returned,
-    dist.all_reduce's result, and what the ring called."""
+    dist.all_reduce's result, what the ring called, and the size of each message it sent."""
     real_all_reduce = dist.all_reduce  # taken before any learner code runs
     inputs, references = [], []
     for case in cases:
@@ -44,7 +44,7 @@ def ring_rank(rank, world_size, ring_all_reduce, cases, log_dir):
     log, results = CallLog(log_path(log_dir, rank)), []
     for case, x, reference in zip(cases, inputs, references, strict=True):
         log.set_phase(case["label"])
-        first = len(log.calls)
+        first, first_sent = len(log.calls), len(log.sent)
         with log.recording():
             returned = ring_all_reduce(x, case["op"])
         results.append({
@@ -53,6 +53,7 @@ def ring_rank(rank, world_size, ring_all_reduce, cases, log_dir):
             else type(returned).__name__,
             "reference": reference,
             "calls": [c["call"] for c in log.calls[first:]],
+            "sent": [m["numel"] for m in log.sent[first_sent:]],  # each message's elements
             "borrowed": list(log.borrowed),
         })
     return results

@@ -1,4 +1,10 @@
 """Lab 3, Part 1: a ring all-reduce from point-to-point messages (check_ring_all_reduce).
+
+Graded: the result equals dist.all_reduce's on every rank, in place, with no collective inside;
+then the ring's traffic, counted message by message on each rank (harness/calls.py): at most
+2 (p - 1) messages, and at most 2 (p - 1) ceil(n / p) elements in all, what a reduce-scatter and
+an all-gather of one chunk per step send. Whole tensors sent to every rank, or chunks cut into
+many small messages, give the right numbers the wrong way and fail with their counts.
 Taught in: lessons/04_distributed_fundamentals.ipynb
 """
 
@@ -13,8 +19,7 @@ from gpulab.checks.lab3 import ranks as lab3_ranks
 from gpulab.distributed.errors import LaunchTimeout, RankError
 
 RING_TIMEOUT_S = 20.0  # a ring on these sizes takes well under a second; a deadlock, forever
-
-
+HINT = 'gpulab.hint("lab3", "ring_all_reduce")'
 
 def _ring_inputs(n: int, op: str, world_size: int, dtype, seed: int) -> list[torch.Tensor]:
     """One input per rank, with small integer values (every sum is exact in any order).
@@ -103,9 +108,39 @@ def _grade_ring_case(case: dict, per_rank: list[dict], p: int) -> None:
             raise AssertionError(f"dist.all_reduce ({label}) gave a wrong answer on rank {r}: "
                                  "the machine's gloo is broken; report this.")
         got = res["got"]
-        if torch.equal(got, want):
-            continue
-        raise AssertionError(f"ring_all_reduce ({label}): {_ring_mistake(case, inputs, res, r, p)}")
+        if not torch.equal(got, want):
+            raise AssertionError(
+                f"ring_all_reduce ({label}): {_ring_mistake(case, inputs, res, r, p)}")
+    for r, res in enumerate(per_rank):
+        _grade_ring_traffic(label, case["n"], res["sent"], r, p)
+
+
+def ring_traffic_bound(n: int, p: int) -> tuple[int, int]:
+    """(messages, elements) one rank of a ring all-reduce sends at most: p - 1 steps of
+    reduce-scatter and p - 1 of all-gather, one chunk (at most ceil(n / p) elements) each."""
+    return 2 * (p - 1), 2 * (p - 1) * -(-n // p)
+
+
+def _grade_ring_traffic(label: str, n: int, sent: list[int], r: int, p: int) -> None:
+    """The right result, sent the wrong way: more data, or more messages, than a ring's."""
+    most_messages, most_elements = ring_traffic_bound(n, p)
+    sizes = [k for k in sent if k > 0]  # an empty chunk (n < p) may be sent or skipped
+    total, largest = sum(sizes), max(sizes, default=0)
+    what = (f"the right result, but rank {r} sent {total} elements in {len(sizes)} messages "
+            f"(the largest {largest})")
+    if total > most_elements:
+        shape = ("the whole tensor, more than once" if largest >= n else
+                 f"messages larger than one chunk (at most ceil(n / p) = {-(-n // p)} elements)")
+        raise AssertionError(
+            f"ring_all_reduce ({label}) gives {what}: that is {shape}. A ring sends at most "
+            f"{most_elements} elements per rank here, 2 (p - 1) chunks of 1/p of the tensor, so "
+            f"each rank's traffic stays under 2 n whatever p is; sending whole tensors grows "
+            f"with p. {HINT} shows the plan.")
+    if len(sizes) > most_messages:
+        raise AssertionError(
+            f"ring_all_reduce ({label}) gives {what}: more than a ring's 2 (p - 1) = "
+            f"{most_messages}. Every message pays a fixed latency: send each step's chunk whole, "
+            f"one message per step. {HINT} shows the plan.")
 
 
 def _ring_mistake(case, inputs, res, r: int, p: int) -> str:
@@ -156,9 +191,8 @@ def _ring_mistake(case, inputs, res, r: int, p: int) -> str:
         return (f"on rank {r}, {what}. Only chunk {right[0]} is complete: the reduce-scatter "
                 "works, and the all-gather is missing or wrong. In p - 1 more steps each rank "
                 "passes the finished chunks on around the ring, copying what arrives over its "
-                "own chunk (not adding it): at step s rank r sends chunk (r + 1 - s) % p and "
-                "receives chunk (r - s) % p.")
-    return (f"on rank {r}, {what}. Check which chunk each step sends and receives: at step "
-            "s = 0 .. p - 2 of the reduce-scatter, rank r sends chunk (r - s) % p to rank "
-            "(r + 1) % p and combines the chunk it receives, (r - s - 1) % p, from rank "
-            "(r - 1) % p into its own; after it, rank r holds the finished chunk (r + 1) % p.")
+                f"own copy of that chunk (not adding it). {HINT} shows the plan.")
+    return (f"on rank {r}, {what}. Check which chunk each step sends and receives: at every "
+            "step the chunk a rank sends must be the very chunk its neighbour combines, and "
+            "after the reduce-scatter each rank must hold a different finished chunk. Trace "
+            f"p = 3 on paper, step by step; {HINT}, asked three times, gives the indices.")
