@@ -5,6 +5,8 @@ dtype_table()          bits, exponent/mantissa bits, range and precision of fp32
 format_dtype_table()   the same as a text table for a notebook
 demo_fp16_underflow()  small gradients cast to fp16 become zero; a GradScaler-style scale factor
                        keeps them; too large a factor overflows to inf (why the scale backs off)
+cpu_bf16()             whether this CPU has bf16 instructions, or PyTorch emulates bf16 on it
+                       (then a bf16 timing here is slower than fp32 and says nothing of a GPU)
 
 Everything here runs on a CPU: the demonstration casts gradient *values* to fp16 and never runs an
 fp16 matmul (those are emulated on CPUs and hundreds of times slower than bf16).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -174,3 +177,40 @@ def demo_fp16_underflow(grads: torch.Tensor | None = None, init_scale: float = 2
         subnormal_scaled=(kept & (scaled.abs() < smallest_normal)).float().mean().item(),
         median_rel_error_scaled=rel,
     )
+
+
+# CPU flags of bf16 instructions: x86's AVX512-BF16 and AMX-BF16, Arm's BF16 (as Linux names them).
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+
+
+@dataclass(frozen=True)
+class CpuBf16:
+    """Whether this CPU computes bf16 with its own instructions, and the flags that say so."""
+
+    native: bool | None  # False: PyTorch emulates bf16 through fp32; None: the flags are unknown
+    flags: tuple[str, ...]  # the bf16 flags the CPU reports (empty when none)
+
+    def summary(self) -> str:
+        if self.native:
+            return f"this CPU has bf16 instructions ({', '.join(self.flags)})"
+        if self.native is False:
+            return ("this CPU has no bf16 instructions (no amx_bf16, avx512_bf16 or bf16 flag): "
+                    "PyTorch emulates bf16 on it, so its bf16 timings are EMULATED")
+        return "this CPU's flags cannot be read here: its bf16 may be native or emulated"
+
+
+def cpu_bf16(cpuinfo: str | None = None) -> CpuBf16:
+    """Read the CPU's flags from /proc/cpuinfo (Linux; pass its text instead to test). Where there
+    is no such file (macOS, Windows), `native` is None: unknown, not absent."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return CpuBf16(None, ())
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86 says flags, Arm says Features
+            flags.update(value.split())
+    found = tuple(f for f in NATIVE_BF16_FLAGS if f in flags)
+    return CpuBf16(bool(found), found)

@@ -88,3 +88,16 @@ def test_underflow_demo_on_given_gradients():
     assert demo.scale == demo.init_scale  # nothing overflows: no back-off
     with pytest.raises(ValueError, match="0"):
         precision.demo_fp16_underflow(torch.zeros(10))
+
+
+def test_cpu_bf16_reads_the_flags_of_x86_and_arm():
+    x86_without = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n"
+    x86_with = "flags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    arm_with = "Features\t: fp asimd bf16 i8mm\n"
+    assert precision.cpu_bf16(x86_without) == precision.CpuBf16(False, ())
+    assert precision.cpu_bf16(x86_with) == precision.CpuBf16(True, ("amx_bf16", "avx512_bf16"))
+    assert precision.cpu_bf16(arm_with).native is True
+    assert "EMULATED" in precision.cpu_bf16(x86_without).summary()
+    assert "amx_bf16" in precision.cpu_bf16(x86_with).summary()
+    assert "cannot be read" in precision.CpuBf16(None, ()).summary()
+    assert precision.cpu_bf16().native in (True, False, None)  # this machine, whatever it is
