@@ -226,7 +226,8 @@ WRONG_ORDERS = {
                          r"stage=0\).*Its warm-up is 2 forwards, too few"),
     "warmup_without_min": (_with_warmup("p - stage - 1"), {"p": 4, "m": 2},
                            r"stage=0\).*Position 2, F2, names a microbatch that does not exist: "
-                           r"there are m = 2 \(F0\.\.F1\)\. With m < p the warm-up is min"),
+                           r"there are m = 2 \(F0\.\.F1\)\. With m < p the warm-up is cut short.*"
+                           r"1F1B on stage 0 of p = 4 with m = 2: 2 warm-up forwards"),
     "backward_first": (ONE_F_ONE_B.replace("    return order\n", "    order.remove(('B', 0))\n"
                                            "    return [('B', 0)] + order\n"), {},
                        r"It breaks a rule: stage 0 runs B0 \(position 0\) before F0 \(position "

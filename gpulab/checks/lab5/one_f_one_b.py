@@ -6,7 +6,9 @@ one pipeline stage, written by the learner. No processes: an order is a list.
 one_f_one_b_stage(p, m, stage) returns ONE stage's list of ("F", i) and ("B", i). For every
 stage the checker compares it with 1F1B (PipeDream-Flush, Megatron's default): w = min(p -
 stage - 1, m) warm-up forwards, then m - w pairs (one forward, one backward), then the last w
-backwards. When they differ it says why in the terms of lesson 06: GPipe (all forwards first),
+backwards. The spec leaves w to the learner (hints.py level 3 has it), so the messages name
+this stage's counts, never the formula. When they differ it says why in the terms of lesson 06:
+GPipe (all forwards first),
 a warm-up one too long or too short, a microbatch that does not exist (m < p), and otherwise
 the rule gpulab's check_schedule finds broken, with the other stages running 1F1B: every F and
 B once, a backward after its forward, at most p - stage microbatches in flight, no deadlock.
@@ -23,6 +25,7 @@ from gpulab.distributed.schedule import one_f_one_b_order
 from gpulab.distributed.schedule_rules import ScheduleError, check_schedule, normalize_order
 
 SCHEDULE_CODE = str(LIBRARY_DIR / "distributed")  # gpulab's schedules: not the learner's
+HINT = 'gpulab.hint("lab5", "one_f_one_b")'
 
 
 def check_one_f_one_b(one_f_one_b_stage, p: int = 4, m: int = 8) -> None:
@@ -97,16 +100,17 @@ def _pattern(m: int, warmup: int) -> list[tuple[str, int]]:
 
 def _mistake(order: list, want: list[list], p: int, m: int, stage: int) -> str:
     warmup = min(p - stage - 1, m)
-    rule = (f"1F1B on stage {stage}: min(p - stage - 1, m) = {warmup} warm-up forwards, then "
-            f"{m - warmup} pairs (one forward, one backward), then the last {warmup} backwards.")
+    rule = (f"1F1B on stage {stage} of p = {p} with m = {m}: {warmup} warm-up forwards, then "
+            f"{m - warmup} pairs (one forward, one backward), then the last {warmup} backwards. "
+            f'{HINT} shows why.')
     bad = next((k for k, a in enumerate(order) if not _is_action(a, m)), None)
     if bad is not None:
         action = order[bad]
         if _is_action(action, None) and m < p:
             return (f"Position {bad}, {action[0]}{action[1]}, names a microbatch that does not "
-                    f"exist: there are m = {m} (F0..F{m - 1}). With m < p the warm-up is "
-                    f"min(p - stage - 1, m): a stage cannot run more forwards than there are "
-                    f"microbatches. {rule}")
+                    f"exist: there are m = {m} (F0..F{m - 1}). With m < p the warm-up is cut "
+                    f"short: a stage cannot run more forwards than there are microbatches. "
+                    f"{rule}")
         return (f"Position {bad}, {action!r}, is not an action: write ('F', i) or ('B', i), "
                 f"0 <= i < m = {m}.")
     forwards = [("F", i) for i in range(m)]
