@@ -1,0 +1,82 @@
+"""The capstone's hints, one level per call of `gpulab.hint("capstone", part)`
+(gpulab/self_check/hints.py): 1 the idea, 2 the plan, 3 the calls. The specs state the
+constraints (memory per rank, which mesh axis shards what, an exact resume); these lead to a
+design, one step at a time. The written answer (Part 4) is graded by hand and has none.
+Taught in: lessons/05_multi_gpu_strategies.ipynb, 06_model_pipeline_tensor_parallelism.ipynb,
+07_gpu_memory.ipynb
+"""
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "sharded_training": (
+        """
+        FSDP2 works in units: each unit's weights are sharded over a mesh axis and gathered
+        just before the unit runs. One unit for the whole model gathers everything at once;
+        one unit per Block, plus the root for what is left, gathers one Block at a time. The
+        order matters: whatever changes a Block's layers (tensor parallelism, checkpointing)
+        goes first, and the sharding wraps the result.
+        """,
+        """
+        Three steps, in this order, each only when the plan asks: split each Block over
+        mesh["tp"] with parallelize_module and block_tp_plan() (tp_size > 1); wrap the Blocks
+        for recomputation with checkpoint_blocks(model); then fully_shard every Block, and
+        last the root model, on mesh["dp"], all with the same MixedPrecisionPolicy. For PLAN,
+        dp_size=4 is FSDP2 alone; a plan with tp_size=2 also works on this cluster.
+        """,
+        """
+        from torch.distributed.tensor.parallel import parallelize_module; if plan.tp_size > 1:
+        for block in model.blocks: parallelize_module(block, mesh["tp"], block_tp_plan()). If
+        plan.activation_checkpointing: checkpoint_blocks(model). policy =
+        MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=torch.float32); for
+        block in model.blocks: fully_shard(block, mesh=mesh["dp"], mp_policy=policy); then
+        fully_shard(model, mesh=mesh["dp"], mp_policy=policy); return model. About 10 lines.
+        """,
+    ),
+    "memory_plan": (
+        """
+        A rank's peak is what it keeps between steps (its shards of the weights, the AdamW
+        state, and the gradients when they outlive a microbatch) plus what one step adds at
+        its worst moment: a microbatch's activations and temporaries, and the weights FSDP2
+        has gathered at that moment. Read the measured breakdown the test prints and match it
+        term by term.
+        """,
+        """
+        model_states(config.n_params, "fp32", "adamw", zero_stage=3, world_size=plan.dp_size)
+        gives the sharded fp32 weights, gradients and optimizer state. estimate_transformer with
+        the microbatch size, plan.micro_batch_size(config), the plan's compute precision and
+        its checkpointing gives .peak.activations and .peak.temporary. Then add the gathered
+        weights in the compute dtype: the root's (everything outside the Blocks) and two
+        Blocks' (the one running and the next one's prefetch), each divided by tp_size.
+        """,
+        """
+        A Block has 12 C^2 + 13 C parameters (C = config.n_embd); the root holds
+        config.n_params - n_layer * that. gathered = (root + 2 * block / tp_size) * itemsize,
+        itemsize 2 for bf16 or fp16, 4 for fp32. With grad_accum_steps > 1 the peak moves
+        into backward, where the gradient shard already exists and one Block's whole fp32
+        gradient waits for its reduce-scatter: add grad_bytes + 4 * block / tp_size then.
+        Sum it all; check the prediction against the printed breakdown.
+        """,
+    ),
+    "elastic_resume": (
+        """
+        A bit-for-bit replay needs everything that shapes the next updates: the weights, and
+        AdamW's moments and step count too. With FSDP2 each rank holds only shards, so every
+        rank writes its own part of one checkpoint, together, and a checkpoint counts only once
+        its metadata, written last, exists.
+        """,
+        """
+        Save: get_state_dict(model, optimizer) gives the model's and the optimizer's sharded
+        state dicts; put both in one dict and dcp.save it into a folder of its own per step,
+        whose name sorts by step. Load: list the step folders that hold a .metadata file, take
+        the newest, build the same dict from the live model and optimizer, dcp.load into it
+        (in place), and set_state_dict it back; return that step, or 0 when none is complete.
+        """,
+        """
+        save: model_state, optim_state = get_state_dict(model, optimizer); dcp.save({"model":
+        model_state, "optim": optim_state}, checkpoint_id=Path(folder) / f"step_{step:06d}").
+        load: done = sorted(p for p in Path(folder).glob("step_*") if (p / ".metadata").exists());
+        state as in save; dcp.load(state, checkpoint_id=done[-1]); set_state_dict(model,
+        optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]); return
+        int(done[-1].name.removeprefix("step_")).
+        """,
+    ),
+}
