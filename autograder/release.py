@@ -1,7 +1,10 @@
 """`release LAB`: the student version labs/LAB from solutions/LAB, by nbgrader generate_assignment.
 
 nbgrader replaces `### BEGIN SOLUTION` regions with a stub, drops `### BEGIN HIDDEN TESTS`
-regions, clears outputs and locks the test cells. It runs in a throwaway nbgrader course root,
+regions, clears outputs and locks the test cells. An answer cell whose source carries
+`metadata["gpulab"]["starting_code"]` is released with that code instead of the stub: a
+debugging lab (Lab 2) hands out code with planted bugs to fix, which no stub can carry. It runs
+in a throwaway nbgrader course root,
 so a release never touches the gradebook. The result is a pure function of the lab's source:
 the same source gives the same bytes, which is what lets `release --check` (and a test) say
 whether the committed labs/ drifted from solutions/.
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from autograder.course import IGNORED_NAMES, Course, run_converter
 
+STARTING_CODE = "starting_code"  # metadata["gpulab"][...] of an answer cell, see give_starting_code
 MAX_DIFF_LINES = 40  # per notebook in a drift summary: enough to see what changed
 
 
@@ -47,11 +51,36 @@ def build_release(course: Course, lab: str, dest: Path) -> list[Path]:
         root = Path(tmp)
         copy_sources(course, lab, root / "source" / lab)
         released = generate_assignment(root, lab)
+        for nb in released.glob("*.ipynb"):
+            give_starting_code(root / "source" / lab / nb.name, nb)
         dest.mkdir(parents=True, exist_ok=True)
         # Bytes only: nbgrader marks its outputs read-only, the repository copy stays editable.
         return [
             Path(shutil.copyfile(nb, dest / nb.name)) for nb in sorted(released.glob("*.ipynb"))
         ]
+
+
+def give_starting_code(source: Path, released: Path) -> None:
+    """Put each answer cell's starting code (its source's metadata gpulab.starting_code, a string
+    or a list of lines) in place of the stub nbgrader wrote into `released`."""
+    import nbformat
+    from nbgrader.utils import compute_checksum
+
+    def grade_id(cell):
+        return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+    given = {grade_id(cell): "".join(cell.metadata["gpulab"][STARTING_CODE])
+             for cell in nbformat.read(source, as_version=4).cells
+             if STARTING_CODE in cell.metadata.get("gpulab", {})}
+    if not given:
+        return
+    nb = nbformat.read(released, as_version=4)
+    for cell in nb.cells:
+        cell.metadata.pop("gpulab", None)  # the release carries the code once, as its source
+        if grade_id(cell) in given:
+            cell.source = given[grade_id(cell)]
+            cell.metadata["nbgrader"]["checksum"] = compute_checksum(cell)
+    nbformat.write(nb, released)
 
 
 def release(course: Course, lab: str) -> list[Path]:

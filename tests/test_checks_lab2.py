@@ -1,8 +1,10 @@
 """Lab 2's checkers pass correct training code and fail, with the message that teaches, on the
-known wrong versions a learner writes: a step without scaler.update(), clipping before unscaling,
-accumulation that does not divide the loss, a resume that forgets the optimizer's state, a
-memorization run whose x and y drift apart, and more (autocast around backward, zero_grad in the
-wrong place, a snapshot that holds references, blocking copies)."""
+known wrong versions: the six bugs planted in the release's starting code (blocking copies,
+backward inside autocast, clipping before unscaling, micro-batches weighted by their count, a
+checkpoint without the scaler's state, a memorization run whose x and y drift apart), each alone
+and all together as the release hands them out, and the wrong fixes a learner may write on the
+way (a step without scaler.update(), zero_grad in the wrong place, a snapshot that holds
+references, a resume that forgets the optimizer's state...)."""
 
 import copy
 import math
@@ -11,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from grading_specs import LAB2 as SPEC
+from lab_submissions import run_in_process
 
 from gpulab.checks import lab2
 from gpulab.checks import lab2 as lab2_resume
@@ -184,8 +187,10 @@ def test_amp_step_catches_a_step_without_update():
 
 
 def test_amp_step_catches_clipping_before_unscaling():
-    with pytest.raises(AssertionError, match=r"about 1024 times too small: the gradients were "
-                                             r"clipped while still multiplied by the scale.*"
+    with pytest.raises(AssertionError, match=r"about 1024 times too small \(max \|dw\| = "
+                                             r"(\S+), one SGD step on the true gradient: \S+\): "
+                                             r"the gradients were clipped while still "
+                                             r"multiplied by the scale.*"
                                              r"scaler\.unscale_\(optimizer\) before "
                                              r"clip_grad_norm_"):
         lab2.check_amp_step(make_amp_step(clip="before_unscale"))
@@ -211,8 +216,9 @@ def test_amp_step_catches_zero_grad_between_backward_and_step():
 
 
 def test_amp_step_catches_autocast_around_backward():
-    with pytest.raises(AssertionError, match=r"backward ran inside torch\.autocast\. End the "
-                                             r"`with` block after the loss"):
+    with pytest.raises(AssertionError, match=r"backward ran inside torch\.autocast \(1 of 1 "
+                                             r"backward calls\)\. End the `with` block after "
+                                             r"the loss"):
         lab2.check_amp_step(make_amp_step(backward_in_autocast=True))
 
 
@@ -232,12 +238,36 @@ def test_amp_step_catches_an_unscaled_backward():
 def test_amp_step_catches_optimizer_step_instead_of_scaler_step():
     # Without clipping the optimizer sees S-times gradients; with clipping (unscale_ first)
     # the clean step is right, and the batch holding inf makes the weights NaN.
-    with pytest.raises(AssertionError, match=r"1024 times too big: optimizer\.step\(\) used "
-                                             r"gradients still multiplied"):
+    with pytest.raises(AssertionError, match=r"1024 times too big \(max \|dw\| = 66, one SGD "
+                                             r"step on the true gradient: 0\.0645\): "
+                                             r"optimizer\.step\(\) used gradients still "
+                                             r"multiplied"):
         lab2.check_amp_step(make_amp_step(step="optimizer", update=False), clip=False)
-    with pytest.raises(AssertionError, match=r"an inf in the batch\): the parameters became "
-                                             r"NaN.*scaler\.step\(optimizer\) checks"):
+    with pytest.raises(AssertionError, match=r"an inf in the batch\): 4 of 4 parameter tensors "
+                                             r"became NaN.*scaler\.step\(optimizer\) checks"):
         lab2.check_amp_step(make_amp_step(step="optimizer"))
+
+
+def test_amp_step_catches_weights_that_move_on_the_overflowing_step():
+    def sanitizing_step(model, optimizer, scaler, x, y, recipe, clip_norm=None):
+        """Replaces the gradients that overflowed and steps anyway."""
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(recipe.device_type, dtype=recipe.dtype):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        for p in model.parameters():
+            p.grad.nan_to_num_(nan=1.0, posinf=1.0, neginf=-1.0)
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+        scaler.update()
+        return loss.detach()
+
+    with pytest.raises(AssertionError, match=r"an inf in the batch\): the weights moved on the "
+                                             r"overflowing step \(max \|dw\| = 0\.\d+\); the "
+                                             r"step must be skipped"):
+        lab2.check_amp_step(sanitizing_step)
 
 
 def test_amp_step_catches_update_before_step():
@@ -305,8 +335,11 @@ def test_accumulate_catches_a_loss_that_is_not_divided():
 
 
 def test_accumulate_catches_dividing_by_the_count_for_unequal_sizes():
-    with pytest.raises(AssertionError, match=r"divided by the number of micro-batches \(3\)\. "
-                                             r"That is right only when they are all the same"):
+    with pytest.raises(AssertionError, match=r"divided by the number of micro-batches \(3\), so "
+                                             r"each counts 1/3, while their shares of the 28 "
+                                             r"examples are 16/28, 8/28, 4/28\. That is right "
+                                             r"only when they are all the same size.*off by "
+                                             r"\d+% of the largest entry"):
         lab2.check_accumulate_gradients(make_accumulate(weight="count"))
     lab2.check_accumulate_gradients(make_accumulate(weight="count"), sizes=[6, 6])
 
@@ -351,12 +384,12 @@ def make_snapshot(copied=True, optimizer=True, scaler=True, rng=True, numpy_stat
     return snapshot
 
 
-def make_restore(optimizer=True, step_offset=0):
+def make_restore(optimizer=True, scaler=True, step_offset=0):
     def restore(snap, model, opt, grad_scaler):
         model.load_state_dict(snap["model"])
         if optimizer and "optimizer" in snap:
             opt.load_state_dict(snap["optimizer"])
-        if "scaler" in snap:
+        if scaler and "scaler" in snap:
             grad_scaler.load_state_dict(snap["scaler"])
         if "rng" in snap:
             torch.set_rng_state(snap["rng"])
@@ -394,8 +427,12 @@ def test_resume_catches_a_snapshot_that_holds_references():
 def test_resume_catches_a_forgotten_scaler_and_random_state():
     with pytest.raises(AssertionError, match=r"the GradScaler was not restored: scale 1024\.0, "
                                              r"growth tracker 0; at the snapshot they were "
-                                             r"2048\.0 and 1"):
+                                             r"2048\.0 and 1 \(the snapshot holds no GradScaler "
+                                             r"state\)"):
         lab2_resume.check_resume(make_snapshot(scaler=False), make_restore())
+    with pytest.raises(AssertionError, match=r"\(the snapshot holds the GradScaler's state, but "
+                                             r"restore did not load it\)"):
+        lab2_resume.check_resume(make_snapshot(), make_restore(scaler=False))
     with pytest.raises(AssertionError, match=r"torch's random state was not restored\. Dropout "
                                              r"masks and the order of the batches"):
         lab2_resume.check_resume(make_snapshot(rng=False), make_restore())
@@ -412,13 +449,14 @@ def test_resume_catches_a_wrong_step_and_an_unsafe_snapshot():
 # ----------------------------------------------------------------------------- Part 5
 
 
-def make_memorize(pair="same", returns="floats", train_copy=False):
+def make_memorize(pair="same", returns="floats", train_copy=False, other_params=False):
     amp_step = make_amp_step()
 
     def memorize(model, x, y, recipe, steps=100, lr=1e-2):
         if train_copy:
             model = copy.deepcopy(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        params = copy.deepcopy(model).parameters() if other_params else model.parameters()
+        optimizer = torch.optim.AdamW(params, lr=lr)
         scaler = torch.amp.GradScaler(recipe.device_type, enabled=recipe.use_grad_scaler)
         model.train()
         losses = []
@@ -436,9 +474,16 @@ def test_memorize_passes_a_correct_function():
 
 
 def test_memorize_catches_x_and_y_drifting_apart():
-    with pytest.raises(AssertionError, match=r"memorization test fails.*x and y no longer "
-                                             r"paired"):
+    with pytest.raises(AssertionError, match=r"memorization test fails: the weights moved "
+                                             r"\(max \|dw\| = \S+\) and the losses returned "
+                                             r"stayed near 1\.\d+.*x and y no longer paired"):
         lab2_resume.check_memorize(make_memorize(pair="shuffled_x"))
+
+
+def test_memorize_catches_an_optimizer_over_other_parameters():
+    with pytest.raises(AssertionError, match=r"weights never moved \(max \|dw\| = 0\): the "
+                                             r"optimizer holds other parameters"):
+        lab2_resume.check_memorize(make_memorize(other_params=True))
 
 
 def test_memorize_catches_tensors_returned_and_a_copy_trained():
@@ -464,3 +509,15 @@ def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
     end): the solution with that mistake, run here up to its test cell, fails there, visible
     and hidden tests included, with the teaching message."""
     SPEC.expect_checker_teaches(mistake)
+
+
+def test_the_release_hands_out_the_buggy_loop_and_each_part_fails_on_a_planted_bug():
+    """The untouched release runs (no stub raises) and fails every test cell, visible and hidden
+    tests included, with the message of a bug planted in that part (grading_checks grades it
+    end to end too)."""
+    released = SPEC.lab.released()
+    assert "NotImplementedError" not in "".join(c.source for c in released.cells)
+    assert set(SPEC.untouched_says) == set(SPEC.assignment.points)
+    for test, says in SPEC.untouched_says.items():
+        error = run_in_process(released, test)
+        assert error is not None and says in str(error), (test, error)

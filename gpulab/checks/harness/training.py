@@ -173,8 +173,10 @@ def check_loss(got: float, want: float, fp32: float, name: str, case: str, scale
 
 
 def check_backward_outside_autocast(watch: StepWatch, name: str, case: str) -> None:
-    if any(watch.backward_in_autocast):
+    inside = sum(watch.backward_in_autocast)
+    if inside:
         raise AssertionError(
-            f"{name} ({case}): backward ran inside torch.autocast. End the `with` block after "
+            f"{name} ({case}): backward ran inside torch.autocast ({inside} of "
+            f"{len(watch.backward_in_autocast)} backward calls). End the `with` block after "
             "the loss: autocast is for the forward pass, and backward already runs each op in "
             "the dtype its forward used.")

@@ -1,11 +1,18 @@
-"""Lab 2, from CPU to GPU training with AMP (solutions/lab2_amp_training/lab2_amp_training.ipynb):
-its parts and points, and its checkers.
+"""Lab 2, debugging a mixed-precision training loop
+(solutions/lab2_amp_training/lab2_amp_training.ipynb): its parts and points, and its checkers.
 
-    check_to_device(to_device)                        Part 1  asynchronous copies
-    check_amp_step(amp_step)                          Part 2  autocast, GradScaler, clipping
+The learner receives a training loop with planted bugs (each answer cell's starting code, kept
+in the solution's cell metadata gpulab.starting_code and put in the release by
+autograder/release.py) and fixes it. Each checker grades behaviour, never the code's text:
+
+    check_to_device(to_device)                        Part 1  every copy asynchronous
+    check_amp_step(amp_step)                          Part 2  an fp32 reference step, with and
+                                                              without a GradScaler; overflow
     check_accumulate_gradients(accumulate_gradients)  Part 3  micro-batches of unequal size
     check_resume(snapshot, restore)                   Part 4  a resume that continues exactly
     check_memorize(memorize)                          Part 5  the memorization test
+
+Hints: hints.py (gpulab.hint("lab2", part)).
 
 Taught in: lessons/03_pytorch_on_the_gpu.ipynb
 """

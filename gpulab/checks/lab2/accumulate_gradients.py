@@ -57,11 +57,13 @@ def _accumulation_mistakes(start, batches, recipe, scale, want, sizes):
               f"the batch's: multiply each micro-batch's loss by its share of the batch, "
               f"len(x) / N (N = {n} examples in all), before backward.")]
     if len(set(sizes)) > 1:
+        shares = ", ".join(f"{s}/{n}" for s in sizes)
         found.append(([g / k for g in summed],
                       f"Each micro-batch's loss was divided by the number of micro-batches "
-                      f"({k}). That is right only when they are all the same size; these have "
-                      f"{list(sizes)} examples, so the small ones count too much. Multiply "
-                      f"each loss by len(x) / N instead (N = {n})."))
+                      f"({k}), so each counts 1/{k}, while their shares of the {n} examples "
+                      f"are {shares}. That is right only when they are all the same size: the "
+                      f"small ones count too much. Weight each loss by its share, len(x) / N "
+                      f"(N = {n})."))
     lonely = ("Only the last micro-batch's gradient is left: the gradients were zeroed inside "
               "the loop. Zero them once, before the first micro-batch: backward adds into "
               ".grad, which is what accumulation relies on.")
@@ -109,11 +111,13 @@ def check_accumulate_gradients(accumulate_gradients, sizes=(16, 8, 4), seed: int
         if err > GRAD_RTOL:
             for alt, hint in _accumulation_mistakes(start, batches, recipe, scale, want, sizes):
                 if rel_err(got, alt) <= GRAD_RTOL:
-                    raise AssertionError(f"accumulate_gradients ({case}): {hint}")
+                    raise AssertionError(f"accumulate_gradients ({case}): {hint} (The "
+                                         f"gradients are off by {err:.0%} of the largest "
+                                         "entry.)")
             raise AssertionError(
                 f"accumulate_gradients ({case}): the gradients differ from those of the whole "
-                f"batch's mean loss by {err:.0%} of the largest entry. Each micro-batch: "
-                "forward under autocast, loss * len(x) / N, scaler.scale(loss).backward().")
+                f"batch's mean loss by {err:.0%} of the largest entry. Compare what each "
+                "micro-batch adds to .grad with its share of the whole batch's examples.")
         got_loss = as_loss(value, "accumulate_gradients", case)
         micro_sum = sum(_grads(start, a, b, recipe, 1.0, 1.0)[1] for a, b in batches)
         if len(sizes) > 1 and math.isclose(got_loss, micro_sum, rel_tol=AMP_RTOL / 3):

@@ -60,23 +60,27 @@ def _reference_step(start, x, y, recipe, clip_norm, mistake: str | None = None):
 
 _AMP_MISTAKES = {  # mistake -> (applies to (scaler on, clipping), what to say)
     "clip_before_unscale": (lambda on, clip: on and clip,
-                            "The update is about {S:g} times too small: the gradients were "
-                            "clipped while still multiplied by the scale S = {S:g}, then divided "
-                            "by S. Call scaler.unscale_(optimizer) before clip_grad_norm_, so "
-                            "that the clip sees the true gradients."),
+                            "The update is about {S:g} times too small ({sizes}): the gradients "
+                            "were clipped while still multiplied by the scale S = {S:g}, then "
+                            "divided by S. Call scaler.unscale_(optimizer) before "
+                            "clip_grad_norm_, so that the clip sees the true gradients."),
     "no_clip": (lambda on, clip: clip,
-                "The gradients were not clipped: with clip_norm given, call "
-                "scaler.unscale_(optimizer), then torch.nn.utils.clip_grad_norm_("
-                "model.parameters(), clip_norm), before scaler.step."),
+                "The gradients were not clipped ({sizes}): with clip_norm given, the step must "
+                "clip the true gradients' global norm to clip_norm (unscale them first), "
+                "before scaler.step."),
     "direct_step": (lambda on, clip: on and not clip,
-                    "The update is {S:g} times too big: optimizer.step() used gradients still "
-                    "multiplied by S = {S:g}. Step with scaler.step(optimizer): it unscales "
-                    "them first, and skips the step when they hold inf or NaN."),
+                    "The update is {S:g} times too big ({sizes}): optimizer.step() used "
+                    "gradients still multiplied by S = {S:g}. Step with scaler.step(optimizer): "
+                    "it unscales them first, and skips the step when they hold inf or NaN."),
     "stale": (lambda on, clip: True,
-              "The update includes the gradients that were in .grad before the call: start "
-              "the step with optimizer.zero_grad(set_to_none=True), since backward adds into "
-              ".grad."),
+              "The update includes the gradients that were in .grad before the call "
+              "({sizes}): start the step with optimizer.zero_grad(set_to_none=True), since "
+              "backward adds into .grad."),
 }
+
+
+def _largest(deltas) -> float:
+    return max(float(d.abs().max()) for d in deltas)
 
 
 def _check_update(before, after, want, start, x, y, recipe, clip_norm, case: str) -> None:
@@ -96,12 +100,15 @@ def _check_update(before, after, want, start, x, y, recipe, clip_norm, case: str
             continue
         alt, _, _ = _reference_step(start, x, y, recipe, clip_norm, mistake)
         if rel_err(got_delta, [a - b for a, b in zip(alt, before, strict=True)]) <= UPDATE_RTOL:
-            raise AssertionError(f"amp_step ({case}): {hint.format(S=SCALE)}")
+            sizes = (f"max |dw| = {_largest(got_delta):.3g}, one SGD step on the true "
+                     f"gradient: {_largest(want_delta):.3g}")
+            raise AssertionError(f"amp_step ({case}): {hint.format(S=SCALE, sizes=sizes)}")
     raise AssertionError(
         f"amp_step ({case}): the parameters moved differently from one SGD step (lr={LR}) on "
-        f"the gradient of the loss: off by {err:.0%} of the largest change. Check the order: "
-        "zero_grad, forward and loss under autocast, scaler.scale(loss).backward(), "
-        "unscale_ and clip, scaler.step, scaler.update.")
+        f"the true gradient of the loss: off by {err:.0%} of the largest change (max |dw| = "
+        f"{_largest(got_delta):.3g}, expected {_largest(want_delta):.3g}). Follow the "
+        "gradients through the step: are they the true ones, or S times them, where each call "
+        "reads them?")
 
 
 def _check_scale(scaler, want: float, case: str) -> None:
@@ -142,14 +149,19 @@ def _amp_case(amp_step, recipe, clip: bool, poison: bool, seed: int) -> None:
     got_loss = as_loss(value, "amp_step", case)
     before, after = param_copies(start), param_copies(model)
     if poison:
-        if any(p.isnan().any() for p in after):
+        nan = sum(bool(p.isnan().any()) for p in after)
+        if nan:
             raise AssertionError(
-                f"amp_step ({case}): the parameters became NaN: the step ran on gradients "
-                "that held inf/NaN. scaler.step(optimizer) checks the unscaled gradients and "
-                "skips the step when they do; optimizer.step() does not.")
-        if not all(torch.equal(a, b) for a, b in zip(after, before, strict=True)):
-            raise AssertionError(f"amp_step ({case}): the parameters changed although the "
-                                 "gradients held inf: let scaler.step(optimizer) decide.")
+                f"amp_step ({case}): {nan} of {len(after)} parameter tensors became NaN: the "
+                "step ran on gradients that held inf/NaN. scaler.step(optimizer) checks the "
+                "unscaled gradients and skips the step when they do; optimizer.step() does "
+                "not.")
+        moved = _largest([a - b for a, b in zip(after, before, strict=True)])
+        if moved:
+            raise AssertionError(
+                f"amp_step ({case}): the weights moved on the overflowing step (max |dw| = "
+                f"{moved:.3g}); the step must be skipped: let scaler.step(optimizer) decide, "
+                "after any unscale and clip.")
         want_scale = SCALE / 2
     else:
         with torch.no_grad():

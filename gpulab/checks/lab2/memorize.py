@@ -16,6 +16,7 @@ from gpulab.checks.harness.training import (
     BF16_SCALED,
     call_learner,
     one_thread,
+    param_copies,
     tiny_problem,
 )
 
@@ -35,9 +36,10 @@ def check_memorize(memorize, steps: int = 100, lr: float = 1e-2, grad_scaler: bo
             f"{' with a GradScaler' if recipe.use_grad_scaler else ''}")
     with torch.no_grad():
         first = float(F.cross_entropy(model(x), y))
+    before = param_copies(model)
     with torch.random.fork_rng(devices=[]):
-        losses = call_learner(memorize, "memorize", model, x.clone(), y.clone(), recipe, steps, lr,
-                       case=case)
+        losses = call_learner(memorize, "memorize", model, x.clone(), y.clone(), recipe, steps,
+                              lr, case=case)
     if not isinstance(losses, list | tuple) or len(losses) != steps:
         got = f"a {type(losses).__name__}" + (f" of {len(losses)}" if isinstance(
             losses, list | tuple) else "")
@@ -49,21 +51,31 @@ def check_memorize(memorize, steps: int = 100, lr: float = 1e-2, grad_scaler: bo
             f"memorize ({case}) returned a list of {kind}; return Python floats: collect the "
             "steps' loss tensors and convert them once at the end "
             "(torch.stack(losses).tolist()), one wait for the device instead of one per step.")
+    model.eval()
+    with torch.no_grad():
+        final = float(F.cross_entropy(model(x), y))
+    if not final < threshold:
+        raise AssertionError(f"memorize ({case}): afterwards the model's loss on its batch is "
+                             f"{final:.3f} (it started at {first:.3f}); a working pipeline gets "
+                             f"below {threshold}. The memorization test fails: "
+                             + _why_not_learned(before, param_copies(model), losses, threshold))
     if not math.isclose(losses[0], first, rel_tol=AMP_RTOL):
         raise AssertionError(
             f"memorize ({case}): the first loss is {losses[0]:.4f}, but the batch's loss "
             f"before training is {first:.4f}: return the loss of every step, in order, on "
             "this batch, as amp_step returns it.")
-    model.eval()
-    with torch.no_grad():
-        final = float(F.cross_entropy(model(x), y))
-    if not final < threshold:
-        copied = (" The losses returned did go down, so another model learned: train the "
-                  "model passed in, not a copy." if losses[-1] < threshold else "")
-        raise AssertionError(
-            f"memorize ({case}): afterwards the model's loss on its batch is {final:.3f} (it "
-            f"started at {first:.3f}); a working pipeline gets below {threshold}. The "
-            "memorization test fails, so something keeps the model from learning even one "
-            "batch: x and y no longer paired (a shuffle applied to one of them), a new batch "
-            "each step, an optimizer over other parameters, or a step that leaves the weights "
-            f"as they were.{copied}")
+
+
+def _why_not_learned(before, after, losses, threshold: float) -> str:
+    """What the weights and the losses returned say about a model that did not memorize."""
+    moved = max(float((a - b).abs().max()) for a, b in zip(after, before, strict=True))
+    if losses[-1] < threshold:
+        return (f"yet the losses returned went down to {losses[-1]:.3f}, so another model "
+                "learned: train the model passed in, not a copy.")
+    if moved == 0:
+        return ("the model's weights never moved (max |dw| = 0): the optimizer holds other "
+                "parameters, or every step leaves the weights as they were.")
+    return (f"the weights moved (max |dw| = {moved:.3g}) and the losses returned stayed near "
+            f"{losses[-1]:.3f}, so the model learned something other than this batch: x and y "
+            "no longer paired (inputs reordered without their labels), or a new batch each "
+            "step.")

@@ -83,7 +83,17 @@ def _round_trip(snap, case: str):
             "a file.") from error
 
 
-def _check_restored(got: dict, want: dict, later: dict, fresh: dict, case: str) -> None:
+def _holds_scaler_state(tree) -> bool:
+    """True when a GradScaler's state_dict() is somewhere in the (loaded) snapshot."""
+    if isinstance(tree, dict):
+        return {"scale", "_growth_tracker"} <= tree.keys() or any(
+            _holds_scaler_state(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return any(_holds_scaler_state(v) for v in tree)
+    return False
+
+
+def _check_restored(got: dict, want: dict, later: dict, fresh: dict, loaded, case: str) -> None:
     where = f"restore ({case})"
     if not _same(got["params"], want["params"]):
         if _same(got["params"], later["params"]):
@@ -109,12 +119,14 @@ def _check_restored(got: dict, want: dict, later: dict, fresh: dict, case: str) 
     got_s, want_s = got["scaler"], want["scaler"]
     if (got_s.get("scale"), got_s.get("_growth_tracker")) != (want_s["scale"],
                                                                want_s["_growth_tracker"]):
+        missing = ("the snapshot holds no GradScaler state" if not _holds_scaler_state(loaded)
+                   else "the snapshot holds the GradScaler's state, but restore did not load it")
         raise AssertionError(
             f"{where}: the GradScaler was not restored: scale {got_s.get('scale')}, growth "
             f"tracker {got_s.get('_growth_tracker')}; at the snapshot they were "
-            f"{want_s['scale']} and {want_s['_growth_tracker']}. Store scaler.state_dict() "
-            "and load it with scaler.load_state_dict(); otherwise a resumed fp16 run restarts "
-            "its scale and loses steps finding it again.")
+            f"{want_s['scale']} and {want_s['_growth_tracker']} ({missing}). Store "
+            "scaler.state_dict() and load it with scaler.load_state_dict(); otherwise a resumed "
+            "fp16 run restarts its scale and loses steps finding it again.")
     if not torch.equal(got["rng"], want["rng"]):
         raise AssertionError(
             f"{where}: torch's random state was not restored. Dropout masks and the order of "
@@ -152,7 +164,7 @@ def check_resume(snapshot, restore, steps_before: int = 3, steps_after: int = 3,
             raise AssertionError(
                 f"restore ({case}) returned {step!r}, expected {steps_before}, the step given "
                 "to snapshot: a resumed run counts on from there (schedules and logs use it).")
-        _check_restored(_capture(model2, optimizer2, scaler2), want, later, fresh, case)
+        _check_restored(_capture(model2, optimizer2, scaler2), want, later, fresh, loaded, case)
         for i, want_loss in enumerate(want_losses):
             got_loss = _resume_step(model2, optimizer2, scaler2, data)
             if not torch.equal(got_loss, want_loss):
