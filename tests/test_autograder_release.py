@@ -86,3 +86,33 @@ def test_a_malformed_lab_source_is_refused_with_the_reason(tmp_path, capsys):
     assert main(["release", "lab9_bad", "--root", str(tmp_path)]) == 2
     assert "No end hidden tests statement found" in capsys.readouterr().err
     assert not (tmp_path / "labs" / "lab9_bad").exists()
+
+
+def test_an_answer_cell_with_starting_code_is_released_with_it(tmp_path):
+    """A debugging lab's answer cell carries the code the learner starts from in its metadata
+    (gpulab.starting_code): the release gives that code, once, in place of nbgrader's stub."""
+    from nbgrader.utils import compute_checksum
+
+    from autograder.release import give_starting_code
+
+    def answer(grade_id, source, **metadata):
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata.update(metadata, nbgrader={"grade_id": grade_id, "solution": True,
+                                                 "grade": False, "locked": False})
+        return cell
+
+    source, released = tmp_path / "source.ipynb", tmp_path / "released.ipynb"
+    given = ["def mean(xs):\n", "    return sum(xs) / (len(xs) - 1)  # planted\n"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        answer("mean", "def mean(xs):\n    return sum(xs) / len(xs)",
+               gpulab={"starting_code": given}),
+        answer("running_max", "def running_max(xs):\n    return xs")]), source)
+    stub = "# YOUR CODE HERE\nraise NotImplementedError()"
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        answer("mean", stub, gpulab={"starting_code": given}), answer("running_max", stub)]),
+        released)
+    give_starting_code(source, released)
+    mean, running_max = nbformat.read(released, as_version=4).cells
+    assert mean.source == "".join(given) and "gpulab" not in mean.metadata
+    assert mean.metadata.nbgrader["checksum"] == compute_checksum(mean)
+    assert running_max.source == stub, "a cell without starting code keeps its stub"

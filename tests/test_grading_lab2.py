@@ -1,4 +1,4 @@
-"""Lab 2, training with AMP, graded end to end: the checks of
+"""Lab 2, debugging a mixed-precision training loop, graded end to end: the checks of
 tests/grading_checks.py on its batch."""
 
 from grading_checks import *  # noqa: F403  the checks every graded notebook passes
