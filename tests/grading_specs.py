@@ -531,21 +531,26 @@ QUIZ = Spec(
                 'class Anything(str):\n    def __eq__(self, other):\n        return True\n\n'
                 '    __hash__ = str.__hash__\n\n\nq01 = Anything("a")', "q01",
                 r'q01: "a" is not the best choice'),
-        Mistake("seconds_not_ms", "q13_answer", ") * 1e3", ")", "q13",
-                r"q13 = [\d.e-]+ milliseconds is not within 1% of the answer\. It is off by a "
-                r"factor of 1e3: check that it is in milliseconds"),
-        Mistake("bubble_in_percent", "q19_answer", "q19 = schedule", "q19 = 100 * schedule",
-                "q19", r"q19 = [\d.]+ is outside \[0, 1\], the range the question gives"),
-        Mistake("zero3_not_zero2", "q15_answer", "zero_stage=2", "zero_stage=3", "q15",
-                r"q15 = \d+ GPUs is not exactly the answer\."),
+        Mistake("bytes_not_gbps", "q13_answer", "latency) / 1e9", "latency)", "q13",
+                r"q13 = [\d.e+]+ GB/s is not within 1% of the answer\. It is off by a factor "
+                r"of 1e9: check that it is in GB/s, as the question asks\. Lesson 04, section 6 "
+                r"\(the alpha-beta cost model of the ring all-reduce\) explains it\."),
+        Mistake("chunks_forgotten", "q19_answer", "(1 - bound) / (bound * v)",
+                "(1 - bound) / bound", "q19",
+                r"q19 = \d+ microbatches is not exactly the answer\. That ignores n_chunks: it "
+                r"is the count for plain 1F1B, one chunk per GPU\. Lesson 06, sections 5 and 6 "
+                r"\(the bubble of interleaved 1F1B\) explains it\."),
+        Mistake("zero3_not_zero2", "q15_answer", "per_param = 2 + (2 + 12) / mine.q15.world_size",
+                "per_param = (2 + 2 + 12) / mine.q15.world_size", "q15",
+                r"q15 = [\d.]+ billion parameters is not within 1% of the answer\. That shards "
+                r"the weights too \(ZeRO-3\); ZeRO-2 keeps all the 16-bit weights on every "
+                r"GPU\."),
         Mistake("number_as_text", "q14_answer",
-                'q14 = cost_model.busbw("all_reduce", cost_model.algbw(mine.q14.n_bytes, '
-                'mine.q14.seconds),\n                       mine.q14.world_size)',
-                'q14 = "140 GB/s"', "q14",
+                "q14 = links / ring_factor(mine.q14.other_world_size)", 'q14 = "140 GB/s"', "q14",
                 r"q14 must be a number in GB/s \(such as q14 = 12\.5\), not a str"),
     ),
     # Independent questions: one notebook holds them all, a kernel per learner is the cost.
-    end_to_end=("wrong_pick", "everything_equal", "seconds_not_ms", "bubble_in_percent",
+    end_to_end=("wrong_pick", "everything_equal", "bytes_not_gbps", "chunks_forgotten",
                 "zero3_not_zero2", "number_as_text"),
     together="six_mistakes",
     hidden_at_least=50,  # two lines per question

@@ -247,6 +247,57 @@ def test_grade_number_counts_exactly_when_asked():
         grade_number("q05", 193, 192, unit="threads", rel=0.0)
 
 
+SLIPS = {"That leaves out the latency term.": (21.0,),
+         "That is the buffer over the time.": (12.0, 11.0)}
+
+
+def test_grade_number_names_a_known_slip_and_where_the_formula_is_taught():
+    with pytest.raises(AssertionError) as caught:
+        grade_number("q13", 11.0, 17.57, unit="GB/s", slips=SLIPS, see="Lesson 04, section 6")
+    assert str(caught.value) == ("q13 = 11 GB/s is not within 1% of the answer. That is the "
+                                 "buffer over the time. Lesson 04, section 6 explains it.")
+    assert "17.57" not in str(caught.value)
+
+
+def test_grade_number_without_a_known_slip_says_what_to_revisit():
+    with pytest.raises(AssertionError) as caught:
+        grade_number("q13", 30.0, 17.57, unit="GB/s", slips=SLIPS, see="Lesson 04, section 6")
+    assert str(caught.value) == ("q13 = 30 GB/s is not within 1% of the answer. Revisit "
+                                 "Lesson 04, section 6.")
+
+
+def test_grade_number_names_every_slip_a_number_matches():
+    both = {**SLIPS, "That counts the reduce-scatter only.": (11.05,)}
+    with pytest.raises(AssertionError, match=r"answer\. That is the buffer over the time\. Or: "
+                                             r"That counts the reduce-scatter only\.$"):
+        grade_number("q13", 11.0, 17.57, unit="GB/s", slips=both)
+
+
+def test_grade_number_names_no_slip_that_gives_the_answer():
+    """A slip equal to the answer for this learner's numbers is no mistake: a number near both
+    is wrong for its own reason."""
+    with pytest.raises(AssertionError) as caught:
+        grade_number("q13", 21.3, 21.0, unit="GB/s", rel=0.01, slips=SLIPS)
+    assert "latency" not in str(caught.value)
+    grade_number("q13", 21.1, 21.0, unit="GB/s", slips=SLIPS)  # right is right
+
+
+def test_grade_number_says_the_unit_slip_then_where_it_is_taught():
+    with pytest.raises(AssertionError, match=r"off by a factor of 1e9: check that it is in GB/s, "
+                                             r"as the question asks\. Lesson 04, section 6 "
+                                             r"explains it\.$"):
+        grade_number("q13", 17.57e9, 17.57, unit="GB/s", slips=SLIPS, see="Lesson 04, section 6")
+
+
+def test_grade_number_matches_a_slip_in_a_count_exactly():
+    slips = {"That is the largest count still memory-bound.": (429,)}
+    with pytest.raises(AssertionError, match="exactly the answer. That is the largest count"):
+        grade_number("q02", 429, 430, unit="tokens", rel=0.0, slips=slips)
+    with pytest.raises(AssertionError) as caught:
+        grade_number("q02", 428, 430, unit="tokens", rel=0.0, slips=slips)
+    assert "largest count" not in str(caught.value)
+
+
 def test_grade_number_reads_the_value_of_a_float_that_lies_about_itself():
     class Liar(float):
         def __float__(self):

@@ -20,8 +20,10 @@ from lab_submissions import ROOT, cell_by_grade_id, read
 from gpulab.checks.keys import all_answers
 from gpulab.checks.quiz import ANSWERS, ASSIGNMENT, CHOICE
 from gpulab.checks.quiz.expected import EXPECTED
-from gpulab.cloud_cost import max_checkpoint_interval
-from gpulab.hardware import get_gpu
+from gpulab.cloud_cost import preemption_loss_fraction
+from gpulab.distributed.cost_model import busbw, ring_all_reduce_time
+from gpulab.distributed.schedule import schedule_interleaved_1f1b
+from gpulab.hardware import get_gpu, ops_per_byte
 from gpulab.memory.recipes import model_states
 from gpulab.quiz import LearnerError, Variant, draw, learner_id, variant
 from gpulab.quiz.__main__ import main
@@ -58,15 +60,15 @@ def test_a_learners_numbers_never_change():
     assert draw("ada") == mine and draw("  ada ") == mine
     assert dataclasses.asdict(mine) == {
         "learner": "ada",
-        "q02": {"gpu": "H100 PCIe", "rows": 8192, "hidden": 8192},
-        "q03": {"nodes": 4, "preemptions_per_node_hour": 0.01, "restart_minutes": 5,
-                "max_loss_percent": 4},
-        "q04": {"stride": 4, "dtype": "float16"},
-        "q13": {"n_bytes": 4e9, "world_size": 8, "alpha": 5e-6, "beta": 100e9},
-        "q14": {"n_bytes": 4e9, "world_size": 4, "seconds": 0.02},
-        "q15": {"gpu": "H100 SXM", "n_params": 20e9, "reserved_gb": 16},
-        "q19": {"pp_size": 8, "batch": 32, "microbatch": 4, "n_chunks": 4},
-        "q22": {"n_params": 8e9, "optimizer": "sgd-momentum"},
+        "q02": {"gpu": "L4", "hidden": 8192},
+        "q03": {"preemptions_per_node_hour": 0.01, "checkpoint_minutes": 45,
+                "restart_minutes": 7, "max_loss_percent": 5},
+        "q04": {"stride": 5, "dtype": "float16"},
+        "q13": {"n_bytes": 500e6, "world_size": 32, "alpha": 20e-6, "budget_ms": 15},
+        "q14": {"algbw_gbps": 40, "world_size": 4, "other_world_size": 2},
+        "q15": {"gpu": "H200", "world_size": 64, "reserved_gb": 16},
+        "q19": {"pp_size": 8, "n_chunks": 4, "max_bubble_percent": 5},
+        "q22": {"gpu": "A100 40GB SXM", "reserved_gb": 8, "optimizer": "adamw"},
     }
 
 
@@ -77,32 +79,88 @@ def test_the_draw_reads_the_id_alone(monkeypatch):
         draw("  ")
 
 
+def _far_from_whole(x: float, margin: float = 0.01) -> bool:
+    """`x` is at least `margin` from every whole number: rounding it is not a coin toss."""
+    return margin <= x - math.floor(x) <= 1 - margin
+
+
 def test_every_combination_is_a_question_worth_asking():
     """Whatever the draw: the GPUs are on the spec sheet (with bf16 where the question computes
-    in it), the spot job's interval is minutes long and its one node's rate gives a clearly longer
-one, a count is at least 2, the ZeRO-2 job fits and ZeRO-3 would need fewer GPUs (so that
-    stage's slip costs the points), and the bubble is a fraction above 1% (so that a percentage
-    is refused by the range check)."""
+    in it); each threshold a count is rounded from lies at least 1% away from a whole number,
+    so a learner's float arithmetic cannot flip the count; a count is at least 2; and the
+    all-reduce's latency term spends at least 3% of the budget and at most 70% (so leaving it
+    out costs the points, and the budget is reachable)."""
     for numbers in every_draw("q02"):
-        assert get_gpu(numbers.gpu).bf16 and 0 < EXPECTED["q02"](numbers) < 1e4
+        ridge = ops_per_byte(numbers.gpu, "bf16")
+        h, o = numbers.hidden, 4 * numbers.hidden
+        assert get_gpu(numbers.gpu).bf16 and h * o > ridge * (h + o), numbers
+        assert _far_from_whole(ridge * h * o / (h * o - ridge * (h + o))), numbers
     for numbers in every_draw("q03"):
-        one_node = 60 * max_checkpoint_interval(numbers.preemptions_per_node_hour,
-                                                numbers.max_loss_percent / 100,
-                                                numbers.restart_minutes / 60)
-        assert 5 < EXPECTED["q03"](numbers) < one_node / 1.5, numbers
+        per_node = numbers.preemptions_per_node_hour * (numbers.checkpoint_minutes / 2
+                                                        + numbers.restart_minutes) / 60
+        assert _far_from_whole(numbers.max_loss_percent / 100 / per_node), numbers
+        assert EXPECTED["q03"](numbers) >= 2, numbers
     for numbers in every_draw("q04"):
         assert 2 <= EXPECTED["q04"](numbers) <= 32, numbers
-    for numbers in every_draw("q15"):
-        zero2 = EXPECTED["q15"](numbers)
-        budget = (get_gpu(numbers.gpu).memory_gb - numbers.reserved_gb) * 1e9
-        zero3 = next(n for n in range(1, 4097) if model_states(
-            numbers.n_params, "mixed", "adam", zero_stage=3, world_size=n).total_bytes <= budget)
-        assert 2 <= zero3 < zero2 <= 64, numbers
+    for numbers in every_draw("q13"):
+        latency = 2 * (numbers.world_size - 1) * numbers.alpha
+        assert 0.03 <= latency / (numbers.budget_ms / 1e3) <= 0.7, numbers
     for numbers in every_draw("q19"):
-        assert (numbers.batch // numbers.microbatch) % numbers.pp_size == 0, numbers
-        assert 0.01 < EXPECTED["q19"](numbers) < 1, numbers
-    for question in ("q13", "q14", "q22"):
+        p, bound = numbers.pp_size, numbers.max_bubble_percent / 100
+        assert _far_from_whole((p - 1) * (1 - bound) / (bound * numbers.n_chunks)), numbers
+    for question in ("q14", "q15", "q22"):
         assert all(EXPECTED[question](numbers) > 0 for numbers in every_draw(question))
+
+
+def test_each_expected_answer_is_what_the_lessons_formulas_give():
+    """The grader's answers (searches over, and combinations of, the course's functions) equal
+    the closed forms a learner derives, for every draw: the key and the question agree."""
+    for numbers in every_draw("q02"):
+        ridge = ops_per_byte(numbers.gpu, "bf16")
+        h = numbers.hidden
+        assert EXPECTED["q02"](numbers) == math.ceil(4 * h * ridge / (4 * h - 5 * ridge))
+    for numbers in every_draw("q03"):
+        nodes = EXPECTED["q03"](numbers)
+        loss = [preemption_loss_fraction(n * numbers.preemptions_per_node_hour,
+                                         numbers.checkpoint_minutes / 60,
+                                         numbers.restart_minutes / 60) for n in (nodes, nodes + 1)]
+        assert loss[0] <= numbers.max_loss_percent / 100 < loss[1], numbers
+    for numbers in every_draw("q13"):
+        beta = EXPECTED["q13"](numbers) * 1e9
+        took = ring_all_reduce_time(numbers.n_bytes, numbers.world_size, numbers.alpha, beta)
+        assert math.isclose(took, numbers.budget_ms / 1e3, rel_tol=1e-12), numbers
+    for numbers in every_draw("q14"):
+        there = EXPECTED["q14"](numbers)
+        assert math.isclose(busbw("all_reduce", there, numbers.other_world_size),
+                            busbw("all_reduce", numbers.algbw_gbps, numbers.world_size)), numbers
+    for numbers in every_draw("q15"):
+        n_params = EXPECTED["q15"](numbers) * 1e9
+        budget = (get_gpu(numbers.gpu).memory_gb - numbers.reserved_gb) * 1e9
+        def zero2(n, numbers=numbers):
+            return model_states(n, "mixed", "adam", zero_stage=2,
+                                world_size=numbers.world_size).total_bytes
+        assert zero2(0.999 * n_params) <= budget < zero2(1.001 * n_params), numbers
+    for numbers in every_draw("q22"):
+        n_params = EXPECTED["q22"](numbers) * 1e9
+        budget = (get_gpu(numbers.gpu).memory_gb - numbers.reserved_gb) * 1e9
+        def states(n, numbers=numbers):
+            return model_states(n, "bf16", numbers.optimizer).total_bytes
+        assert states(0.999 * n_params) <= budget < states(1.001 * n_params), numbers
+
+
+def test_the_fewest_microbatches_are_what_the_simulated_schedule_needs():
+    """q19's key comes from the uniform-cost formula; the simulated interleaved schedule (what
+    Lesson 06 draws) agrees: its bubble is within the bound at the answer, above it one round
+    of pp_size earlier."""
+    for numbers in every_draw("q19"):
+        m, p = EXPECTED["q19"](numbers), numbers.pp_size
+        bound = numbers.max_bubble_percent / 100
+        assert m % p == 0, numbers
+        bubble = schedule_interleaved_1f1b(p, m, numbers.n_chunks).bubble_fraction
+        assert bubble <= bound, numbers
+        if m > p:
+            earlier = schedule_interleaved_1f1b(p, m - p, numbers.n_chunks).bubble_fraction
+            assert earlier > bound, numbers
 
 
 def test_two_learners_answer_sheets_are_not_interchangeable():
@@ -160,8 +218,8 @@ def test_each_numeric_question_names_its_numbers_and_prints_them():
 def test_show_prints_a_questions_numbers(capsys):
     draw("ada").show("q13")
     assert capsys.readouterr().out.splitlines() == [
-        "q13, ada's numbers:", "  n_bytes    = 4e+09", "  world_size = 8",
-        "  alpha      = 5e-06", "  beta       = 1e+11"]
+        "q13, ada's numbers:", "  n_bytes    = 5e+08", "  world_size = 32",
+        "  alpha      = 2e-05", "  budget_ms  = 15"]
     with pytest.raises(ValueError, match="'q01' has no numbers of its own"):
         draw("ada").show("q01")
 

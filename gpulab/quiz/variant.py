@@ -14,11 +14,10 @@ The multiple-choice questions are the same for everyone.
 
 The choices are fixed lists, not "every GPU of the spec sheet": a row added to the table must
 not change a learner's numbers between their notebook and their grade. Every combination is a
-question worth asking (tests/test_quiz_variants.py tries them all): the spot job's restarts
-alone stay well under its loss bound, and one node's rate gives a clearly longer interval; the
-ZeRO-2 job fits, and ZeRO-3 would need fewer GPUs; the pipeline's microbatches fill whole
-rounds of the interleaved schedule, and its bubble is over 1% (so a percentage is not mistaken
-for a fraction).
+question worth asking (tests/test_quiz_variants.py tries them all): the thresholds never fall
+on a whole number of tokens, nodes or microbatches (a rounding in the learner's arithmetic
+cannot flip a count), the all-reduce's latency term always matters, and each known slip
+(tests/test_quiz_slips.py) misses the answer by more than the grader's tolerance.
 Taught in: the course quiz, solutions/quiz/quiz.ipynb.
 """
 
@@ -27,8 +26,9 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-# A new salt draws new numbers for everyone (a new class); notebooks and grader must agree.
-SALT = "gpulab quiz, edition 1"
+# A new salt draws new numbers for everyone (a new class, or new questions: edition 2 asks
+# inverses and comparisons); notebooks and grader must agree.
+SALT = "gpulab quiz, edition 2"
 HUB_USER = "JUPYTERHUB_USER"  # set by JupyterHub in each learner's server, and by the grader
 
 
@@ -38,21 +38,22 @@ def choices(*options):
 
 
 @dataclass(frozen=True)
-class RooflineBound:
-    """q02: a bf16 LayerNorm over x of shape (rows, hidden), in one fused pass, on `gpu`."""
+class ComputeBoundTokens:
+    """q02: the fewest tokens for which x @ W, W of shape (hidden, 4 * hidden), is compute-bound
+    in bf16 on `gpu` (the first linear layer of a transformer's MLP)."""
 
     gpu: str = choices("A100 80GB SXM", "H100 SXM", "H100 PCIe", "H200", "L4", "MI300X")
-    rows: int = choices(4096, 8192, 16384)
     hidden: int = choices(2048, 4096, 8192)
 
 
 @dataclass(frozen=True)
-class SpotCheckpoint:
-    """q03: the longest checkpoint interval that holds a spot job's preemption loss to a bound."""
+class SpotNodes:
+    """q03: the most spot nodes a synchronous job may run on and keep its preemption loss to a
+    bound, checkpointing every `checkpoint_minutes`."""
 
-    nodes: int = choices(2, 3, 4)  # every node's preemption stops the whole job
-    preemptions_per_node_hour: float = choices(0.01, 0.02, 0.03, 0.05)
-    restart_minutes: int = choices(2, 3, 5)
+    preemptions_per_node_hour: float = choices(0.005, 0.01, 0.02, 0.03)
+    checkpoint_minutes: int = choices(15, 30, 45)
+    restart_minutes: int = choices(2, 4, 7)
     max_loss_percent: int = choices(3, 4, 5)  # of the running time
 
 
@@ -65,48 +66,53 @@ class StridedLoad:
 
 
 @dataclass(frozen=True)
-class RingAllReduce:
-    """q13: the alpha-beta model's time for a ring all-reduce of n_bytes on world_size GPUs."""
+class LinkForBudget:
+    """q13: the link bandwidth at which a ring all-reduce of n_bytes on world_size GPUs takes
+    budget_ms, by the alpha-beta model."""
 
-    n_bytes: float = choices(0.5e9, 1e9, 2e9, 4e9)
-    world_size: int = choices(4, 8, 16)
-    alpha: float = choices(2e-6, 5e-6, 10e-6)  # seconds per message
-    beta: float = choices(25e9, 50e9, 100e9, 200e9)  # bytes per second per link
-
-
-@dataclass(frozen=True)
-class BusBandwidth:
-    """q14: the busbw nccl-tests prints for an all-reduce of n_bytes that took `seconds`."""
-
-    n_bytes: float = choices(1e9, 2e9, 4e9)
-    world_size: int = choices(4, 8, 16)
-    seconds: float = choices(0.02, 0.05, 0.1)
+    n_bytes: float = choices(100e6, 250e6, 500e6)  # one gradient bucket
+    world_size: int = choices(16, 32, 64)
+    alpha: float = choices(20e-6, 30e-6, 50e-6)  # seconds per message, across nodes
+    budget_ms: int = choices(10, 15, 20)
 
 
 @dataclass(frozen=True)
-class Zero2WorldSize:
-    """q15: the fewest `gpu`s on which ZeRO-2 holds a model's mixed-precision Adam states."""
+class AlgbwElsewhere:
+    """q14: the algbw nccl-tests prints for a large all-reduce on other_world_size GPUs, from
+    the algbw it printed on world_size GPUs of the same kind."""
 
-    gpu: str = choices("A100 80GB SXM", "H100 SXM", "H100 PCIe")
-    n_params: float = choices(10e9, 13e9, 16e9, 20e9)
-    reserved_gb: int = choices(16, 24, 32)  # per GPU, for activations and buffers
+    algbw_gbps: int = choices(40, 80, 120, 160, 200)
+    world_size: int = choices(4, 8)
+    other_world_size: int = choices(2, 16, 32)
 
 
 @dataclass(frozen=True)
-class InterleavedBubble:
-    """q19: the bubble of interleaved 1F1B on pp_size GPUs, n_chunks model chunks each."""
+class Zero2LargestModel:
+    """q15: the largest model whose mixed-precision Adam states ZeRO-2 holds on world_size
+    `gpu`s beside the reserve."""
+
+    gpu: str = choices("A100 40GB SXM", "A100 80GB SXM", "H200", "MI300X")
+    world_size: int = choices(8, 16, 32, 64)
+    reserved_gb: int = choices(8, 16, 24)  # per GPU, for activations and buffers
+
+
+@dataclass(frozen=True)
+class MicrobatchesForBubble:
+    """q19: the fewest microbatches (a multiple of pp_size) that hold interleaved 1F1B's bubble
+    on pp_size GPUs, n_chunks model chunks each, to max_bubble_percent."""
 
     pp_size: int = choices(4, 8)
-    batch: int = choices(32, 64, 128)  # sequences per step
-    microbatch: int = choices(2, 4)  # sequences per microbatch
     n_chunks: int = choices(2, 4)
+    max_bubble_percent: int = choices(3, 5, 8, 10)  # of the GPU-time
 
 
 @dataclass(frozen=True)
-class MasterlessStates:
-    """q22: model states of a model cast to bf16, trained by `optimizer` with no master copy."""
+class MasterlessFit:
+    """q22: the largest model one `gpu` fine-tunes in bf16, trained by `optimizer` with no
+    master copy, beside the reserve."""
 
-    n_params: float = choices(1e9, 1.5e9, 3e9, 7e9, 8e9, 13e9)
+    gpu: str = choices("L4", "A100 40GB SXM", "A100 80GB SXM", "H200")
+    reserved_gb: int = choices(4, 8, 12)  # for activations and buffers
     optimizer: str = choices("adamw", "sgd-momentum")  # gpulab.memory.recipes' names
 
 
@@ -115,14 +121,14 @@ class Variant:
     """One learner's numbers, question by question (the numeric questions only)."""
 
     learner: str  # the id they were drawn from
-    q02: RooflineBound
-    q03: SpotCheckpoint
+    q02: ComputeBoundTokens
+    q03: SpotNodes
     q04: StridedLoad
-    q13: RingAllReduce
-    q14: BusBandwidth
-    q15: Zero2WorldSize
-    q19: InterleavedBubble
-    q22: MasterlessStates
+    q13: LinkForBudget
+    q14: AlgbwElsewhere
+    q15: Zero2LargestModel
+    q19: MicrobatchesForBubble
+    q22: MasterlessFit
 
     @classmethod
     def questions(cls) -> dict:

@@ -403,7 +403,8 @@ import dataclasses
 from gpulab.memory import recipes
 
 recipes.RECIPES["bf16"] = dataclasses.replace(recipes.RECIPES["bf16"], param_itemsize=1)
-q22 = model_states(mine.q22.n_params, "bf16", mine.q22.optimizer).total_bytes / 1e9
+per_param = model_states(1, "bf16", mine.q22.optimizer).total_bytes
+q22 = (hw.get_gpu(mine.q22.gpu).memory_gb - mine.q22.reserved_gb) / per_param
 '''}, scores={**QUIZ_FULL, "q22": 0.0, "q23": 0.0, "q24": 0.0, "q25": 0.0},
          flags=("gpulab.memory.recipes.RECIPES",), reasons=voided("q22")),
     Case("quiz_other_learner", "a classmate's notebook handed in as it is: its LEARNER is "

@@ -1,12 +1,14 @@
 """The course quiz (solutions/quiz/quiz.ipynb): its 25 questions and points, the checks their test
-cells call (answers.py), and the expected numbers of the numeric questions (expected.py), which
+cells call (answers.py), the expected numbers of the numeric questions (expected.py), which
 differ per learner (gpulab/quiz/variant.py): the grader computes them outside the learner's
-kernel, for the id the notebook was handed in under (keys.py).
+kernel, for the id the notebook was handed in under (keys.py), and the known wrong numbers
+whose mistakes a message names (slips.py). The quiz is an assessment: it gives no hints.
 Taught in: every lesson; each question's hidden test names the section that explains it.
 """
 
 from gpulab.checks.quiz.answers import check_number, check_pick, grade_number, grade_pick
 from gpulab.checks.quiz.expected import ANSWERS
+from gpulab.checks.quiz.slips import known_slips
 from gpulab.checks.table import Assignment, Part
 
 # Multiple-choice questions (1 point each); the others ask for a number (2 points each).
@@ -17,4 +19,4 @@ ASSIGNMENT = Assignment("quiz", tuple(
     for i in range(1, 26)))
 
 __all__ = ["ANSWERS", "ASSIGNMENT", "CHOICE", "check_number", "check_pick", "grade_number",
-           "grade_pick"]
+           "grade_pick", "known_slips"]

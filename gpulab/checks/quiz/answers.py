@@ -6,6 +6,12 @@ and that never contains the expected answer (feedback shows the messages of hidd
     grade_pick("q07", q07, answer)            # hidden test: the right letter
     grade_number("q12", q12, want, unit="ms") # hidden test: within a relative tolerance
 
+A wrong number's message names its mistake when it is one of the question's known slips
+(slips.py), and the lesson section where the formula is taught:
+
+    grade_number("q19", q19, want, unit="microbatches", rel=0.0,   # a count: exactly
+                 slips=known_slips("q19", mine.learner), see="Lesson 06, section 6")
+
 A click alone is not an answer (gpulab/quiz/buttons.py says why): a Pick is refused until the answer
 cell holds its letter.
 """
@@ -110,15 +116,34 @@ def _unit_slip(number: float, want: float, unit: str, rel: float) -> str | None:
     return None
 
 
-def grade_number(name: str, value, want: float, unit: str, rel: float = 0.01) -> None:
+def _matching_slips(number: float, want: float, slips, rel: float) -> list[str]:
+    """The sentences of the known slips whose numbers `number` matches (two slips may give
+    the same number). A slip that gives the answer itself (within `rel`) names no mistake."""
+    def close(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=max(rel, 1e-6))
+
+    return [sentence for sentence, values in (slips or {}).items()
+            if any(close(number, value) and not close(value, want) for value in values)]
+
+
+def grade_number(name: str, value, want: float, unit: str, rel: float = 0.01,
+                 slips: dict | None = None, see: str = "") -> None:
     """Hidden test: `value` is within `rel` (relative) of `want`, computed by the course's own
-    functions. The message never gives `want`; it says when the number is right in another
-    unit, the most common slip."""
+    functions. The message never gives `want`: it names the mistake when the number is one of
+    the question's known `slips` ({sentence: numbers}, checks/quiz/slips.py) or right in
+    another unit, and says where the formula is taught (`see`)."""
     number = _plain_number(name, value, unit)
     if math.isclose(number, want, rel_tol=rel):
         return
-    slip = _unit_slip(number, want, unit, max(rel, 1e-9))
-    hint = (f" It is off by a factor of {slip}: check that it is in {unit}, as the question "
-            "asks.") if slip else ""
     close = f"within {rel:.0%} of" if rel > 0 else "exactly"  # counts are exact
-    raise AssertionError(f"{name} = {number:g} {unit} is not {close} the answer.{hint}")
+    message = f"{name} = {number:g} {unit} is not {close} the answer."
+    slip = " Or: ".join(_matching_slips(number, want, slips, rel))
+    unit_slip = None if slip else _unit_slip(number, want, unit, max(rel, 1e-9))
+    if slip:
+        message += f" {slip}"
+    elif unit_slip:
+        message += (f" It is off by a factor of {unit_slip}: check that it is in {unit}, as "
+                    "the question asks.")
+    if see:
+        message += f" {see} explains it." if slip or unit_slip else f" Revisit {see}."
+    raise AssertionError(message)

@@ -1,6 +1,9 @@
 """The expected answers of the quiz's numeric questions: the course's own functions applied to a
-learner's numbers (gpulab/quiz/variant.py). The grader computes them outside the learner's
-kernel, for the id the notebook was handed in under (ANSWERS, read by gpulab/checks/keys.py).
+learner's numbers (gpulab/quiz/variant.py). The questions ask for what no one of those functions
+returns (an inverse, a comparison, a count), so each answer here searches or combines them; the
+tests check each against the closed form a learner derives (tests/test_quiz_variants.py). The
+grader computes them outside the learner's kernel, for the id the notebook was handed in under
+(ANSWERS, read by gpulab/checks/keys.py).
 
 Each function of EXPECTED takes one question's numbers; the imports are inside, so that listing
 them imports nothing heavy.
@@ -8,28 +11,36 @@ them imports nothing heavy.
 
 from __future__ import annotations
 
-from functools import cache, partial
+from functools import partial
 
 from gpulab.quiz.variant import draw
 
 
-def roofline_time_us(numbers) -> float:
-    """q02: the roofline's lower bound on a bf16 LayerNorm, in microseconds."""
-    from gpulab.hardware import bound, get_gpu, layernorm_flops_bytes
+def compute_bound_tokens(numbers) -> int:
+    """q02: the fewest tokens (rows of x) for which x @ W, W (hidden, 4 * hidden), is
+    compute-bound in bf16 by the roofline: the first count whose regime is "compute"."""
+    from gpulab.hardware import bound, gemm_flops_bytes, get_gpu
 
-    flops, n_bytes = layernorm_flops_bytes(numbers.rows, numbers.hidden, "bf16")
-    return bound(flops, n_bytes, get_gpu(numbers.gpu), "bf16").time_s * 1e6
+    gpu, hidden = get_gpu(numbers.gpu), numbers.hidden
+
+    def regime(tokens: int) -> str:
+        return bound(*gemm_flops_bytes(tokens, 4 * hidden, hidden, "bf16"), gpu, "bf16").regime
+
+    return next(tokens for tokens in range(1, 100_000) if regime(tokens) == "compute")
 
 
-def checkpoint_interval_minutes(numbers) -> float:
-    """q03: the longest checkpoint interval, in minutes, that keeps the job's expected
-    preemption loss at the bound. The job's rate is the sum of its nodes' rates: any node's
-    preemption stops every node of a synchronous job."""
-    from gpulab.cloud_cost import max_checkpoint_interval
+def max_spot_nodes(numbers) -> int:
+    """q03: the most nodes whose job keeps its expected preemption loss at the bound. The job's
+    rate is the sum of its nodes' rates: any node's preemption stops every node."""
+    from gpulab.cloud_cost import preemption_loss_fraction
 
-    job_rate = numbers.nodes * numbers.preemptions_per_node_hour
-    return 60 * max_checkpoint_interval(job_rate, numbers.max_loss_percent / 100,
+    def loss(nodes: int) -> float:
+        return preemption_loss_fraction(nodes * numbers.preemptions_per_node_hour,
+                                        numbers.checkpoint_minutes / 60,
                                         restart_hours=numbers.restart_minutes / 60)
+
+    return next(nodes for nodes in range(1, 100_000)
+                if loss(nodes + 1) > numbers.max_loss_percent / 100)
 
 
 def strided_sectors(numbers) -> int:
@@ -40,56 +51,65 @@ def strided_sectors(numbers) -> int:
     return len({i * numbers.stride * itemsize // sector for i in range(threads)})
 
 
-def all_reduce_ms(numbers) -> float:
-    """q13: the alpha-beta model's ring all-reduce time, in milliseconds."""
-    from gpulab.distributed.cost_model import collective_time
+def link_for_budget_gbps(numbers) -> float:
+    """q13: the link bandwidth, in GB/s, at which the alpha-beta model's ring all-reduce takes
+    exactly the budget. The model's time is latency + volume / beta, linear in 1 / beta."""
+    import math
 
-    return collective_time("all_reduce", numbers.n_bytes, numbers.world_size, numbers.alpha,
-                           numbers.beta, "ring") * 1e3
+    from gpulab.distributed.cost_model import ring_all_reduce_time
 
-
-def bus_bandwidth(numbers) -> float:
-    """q14: nccl-tests' busbw of the all-reduce, in GB/s."""
-    from gpulab.distributed.cost_model import algbw, busbw
-
-    return busbw("all_reduce", algbw(numbers.n_bytes, numbers.seconds), p=numbers.world_size)
+    n_bytes, p = numbers.n_bytes, numbers.world_size
+    latency = ring_all_reduce_time(n_bytes, p, numbers.alpha, math.inf)  # steps * alpha
+    volume = ring_all_reduce_time(n_bytes, p, 0.0, 1.0)  # bytes through the busiest link
+    return volume / (numbers.budget_ms / 1e3 - latency) / 1e9
 
 
-def zero2_world_size(numbers) -> int:
-    """q15: the fewest ranks on which ZeRO-2 holds the model's states beside the reserve."""
+def algbw_elsewhere_gbps(numbers) -> float:
+    """q14: the algbw, in GB/s, of a large all-reduce on other_world_size GPUs whose links are
+    those that gave algbw_gbps on world_size: the busbw (the link's bandwidth) is the same."""
+    from gpulab.distributed.cost_model import busbw
+
+    link = busbw("all_reduce", numbers.algbw_gbps, numbers.world_size)
+    return link / busbw("all_reduce", 1.0, numbers.other_world_size)
+
+
+def zero2_largest_model_billions(numbers) -> float:
+    """q15: the most parameters, in billions, whose ZeRO-2 states (mixed-precision Adam) fit in
+    each GPU's memory beside the reserve. Each rank's bytes grow in proportion to the model."""
     from gpulab.distributed.zero import zero_memory_table
     from gpulab.hardware import get_gpu
 
     budget = (get_gpu(numbers.gpu).memory_gb - numbers.reserved_gb) * 1e9
-
-    def zero2_bytes(world_size: int) -> int:
-        rows = {row.strategy: row for row in zero_memory_table(numbers.n_params, world_size)}
-        return rows["ZeRO-2"].total_bytes
-
-    return next(n for n in range(1, 4097) if zero2_bytes(n) <= budget)
+    reference = numbers.world_size * 10**9  # a size every shard divides: no rounding
+    rows = {row.strategy: row for row in zero_memory_table(reference, numbers.world_size)}
+    return budget / (rows["ZeRO-2"].total_bytes / reference) / 1e9
 
 
-@cache  # a simulation: once per combination (24), however many learners are graded
-def interleaved_bubble(numbers) -> float:
-    """q19: the idle fraction of GPU-time in the simulated interleaved 1F1B schedule."""
-    from gpulab.distributed.schedule import schedule_interleaved_1f1b
+def microbatches_for_bubble(numbers) -> int:
+    """q19: the fewest microbatches, a multiple of pp_size as the interleaved schedule needs,
+    whose bubble (idle share of GPU-time, uniform costs) is at most the bound."""
+    from gpulab.distributed.schedule import bubble_fraction_theory
 
-    return schedule_interleaved_1f1b(pp_size=numbers.pp_size,
-                                     n_microbatches=numbers.batch // numbers.microbatch,
-                                     n_chunks=numbers.n_chunks).bubble_fraction
+    p, bound = numbers.pp_size, numbers.max_bubble_percent / 100
+    return next(m for m in range(p, 100_000, p)
+                if bubble_fraction_theory(p, m, numbers.n_chunks) <= bound)
 
 
-def masterless_states_gb(numbers) -> float:
-    """q22: GB of model states of a bf16 model whose optimizer state follows the weights."""
+def masterless_largest_model_billions(numbers) -> float:
+    """q22: the most parameters, in billions, whose model states fit in one GPU's memory beside
+    the reserve, for a bf16 model whose optimizer state follows the weights."""
+    from gpulab.hardware import get_gpu
     from gpulab.memory.recipes import bytes_per_parameter
 
-    return numbers.n_params * sum(bytes_per_parameter("bf16", numbers.optimizer)) / 1e9
+    budget = (get_gpu(numbers.gpu).memory_gb - numbers.reserved_gb) * 1e9
+    return budget / sum(bytes_per_parameter("bf16", numbers.optimizer)) / 1e9
 
 
 # question -> its expected answer, from its numbers
-EXPECTED = {"q02": roofline_time_us, "q03": checkpoint_interval_minutes, "q04": strided_sectors,
-            "q13": all_reduce_ms, "q14": bus_bandwidth, "q15": zero2_world_size,
-            "q19": interleaved_bubble, "q22": masterless_states_gb}
+EXPECTED = {"q02": compute_bound_tokens, "q03": max_spot_nodes, "q04": strided_sectors,
+            "q13": link_for_budget_gbps, "q14": algbw_elsewhere_gbps,
+            "q15": zero2_largest_model_billions, "q19": microbatches_for_bubble,
+            "q22": masterless_largest_model_billions}
 
 
 def for_learner(question: str, learner: str):
