@@ -34,6 +34,18 @@ def test_the_quiz_table_names_its_choice_questions_and_its_total():
     assert f"{QUIZ.assignment.total:g} points in all" in intro
 
 
+def test_the_quiz_table_says_what_each_question_heading_says():
+    """Each row's lesson, topic and points are its question's heading: `### q02 · Lesson 01:
+    <topic> (2 points)`."""
+    solution = QUIZ.lab.solution()
+    rows = re.findall(r"^\| (q\d\d) \| (\d\d) \| (.*) \| (?:choice|number) \| (\d) \|$",
+                      solution.cells[0].source, re.M)
+    for question, lesson, topic, points in rows:
+        heading = cell_by_grade_id(solution, f"{question}_question").source.splitlines()[0]
+        plural = "" if points == "1" else "s"
+        assert heading == f"### {question} · Lesson {lesson}: {topic} ({points} point{plural})"
+
+
 def test_the_quiz_learner_differs_from_the_release_only_in_answer_cells():
     release, learner = QUIZ.lab.released(), picked_and_written()
     changed = [grade_id(a) for a, b in zip(release.cells, learner.cells, strict=True)
