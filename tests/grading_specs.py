@@ -115,20 +115,29 @@ LAB1 = Spec(
         # may pass or fail (a kernel that is wrong is not graded on how it is wrong).
         Mistake("off_by_one", "saxpy", "while i < out.size:", "while i <= out.size:",
                 "test_saxpy", r"strictly less: the last valid index is n - 1"),
-        Mistake("tile_row_stored", "transpose", "out[y + j, x] = tile[tx, ty + j]",
-                "out[y + j, x] = tile[ty + j, tx]", "test_transpose",
-                r"Within a tile, store tile\[tx, ty \+ j\] \(a column of the tile\)"),
+        Mistake("tile_row_stored", "transpose", "out[y + j, x] = tile[tx, (r + tx) % TILE_DIM]",
+                "out[y + j, x] = tile[r, (tx + r) % TILE_DIM]", "test_transpose",
+                r"Within a tile the elements are in the wrong places: a thread writes to out's "
+                r"row the tile's column"),
+        Mistake("skew_forgotten_on_read", "transpose", "tile[tx, (r + tx) % TILE_DIM]",
+                "tile[tx, r]  # read back as if the tile were not skewed", "test_transpose",
+                r"it reads each element from where it was written"),
         Mistake("no_barrier", "block_sum",
                 "        cuda.syncthreads()  # every thread, every step: the next step reads "
                 "these sums\n", "", "test_block_sum",
                 # The simulator may or may not show this on the visible sizes; the hidden race
                 # detector always does, so either message is right.
-                r"cuda\.syncthreads\(\) after loading and after every step|block_sum: data "
-                r"race"),
-        Mistake("wrong_tile", "matmul_tiled", "k = t * TILE + tx\n",
-                "k = tx  # the step t forgotten: a[row, tx] instead of a[row, t * TILE + tx]\n",
-                "test_matmul_tiled",
-                r"Check the tile index: step t loads a\[row, t \* TILE \+ tx\]"),
+                r"a missing cuda\.syncthreads\(\)|block_sum: data race"),
+        Mistake("one_per_thread", "block_sum", "    for k in range(ITEMS_PER_THREAD):",
+                "    for k in range(1):  # one element per thread, as in lesson 02", "test_block_sum",
+                r"That is the sum of the block's first 64 elements only: each thread adds 4"),
+        Mistake("wrong_tile", "matmul_tiled", "a_row, k = cuda.blockIdx.y * TILE + r, t * TILE + tx",
+                "a_row, k = cuda.blockIdx.y * TILE + r, tx  # the step t forgotten",
+                "test_matmul_tiled", r"Check which tiles each step along K loads"),
+        Mistake("one_output", "matmul_tiled", "        if row + half < m:\n"
+                "            c[row + half, col] = acc_bottom + bias[col]\n", "",
+                "test_matmul_tiled", r"of c's \d+ rows were never written: a block has 4 rows of "
+                r"threads for a tile of 8 rows of c, so each thread computes 2 outputs"),
         Mistake("no_atomics", "histogram", "cuda.atomic.add(local, b, 1)", "local[b] += 1",
                 "test_histogram",
                 # Lost counts are likely, not certain, on the simulator: the race detector is.
@@ -139,37 +148,50 @@ LAB1 = Spec(
         Mistake("exclusive_scan", "block_scan", "out[i] = cache[t]\n",
                 "out[i] = cache[t] - x[i]\n", "test_block_scan",
                 r"That is the exclusive scan"),
+        Mistake("best_by_habit", "waves",
+                "threads_per_block = min(range(32, 1025, 32), key=lambda tpb: plan(tpb)[2])",
+                "threads_per_block = 256  # the usual choice", "test_waves",
+                r"Your plan's numbers are right, and it runs 14 waves; some block sizes run it "
+                r"in 13"),
         # Technique: the right values the slow way. Each keeps its value points and loses its
         # technique's, with the number that shows why.
         Mistake("serial_block_sum", "block_sum",
                 "    stride = THREADS // 2\n"
                 "    while stride > 0:  # halve the active threads each step\n"
                 "        if t < stride:\n"
-                "            cache[t] += cache[t + stride]\n"
+                "            partial[t] += partial[t + stride]\n"
                 "        cuda.syncthreads()  # every thread, every step: the next step reads "
                 "these sums\n"
                 "        stride //= 2\n"
                 "    if t == 0:\n"
-                "        out[cuda.blockIdx.x] = cache[0]\n",
+                "        out[cuda.blockIdx.x] = partial[0]\n",
                 "    if t == 0:  # thread 0 adds the block alone\n"
                 "        total = float32(0.0)\n"
                 "        for j in range(THREADS):\n"
-                "            total += cache[j]\n"
+                "            total += partial[j]\n"
                 "        out[cuda.blockIdx.x] = total\n",
                 "test_block_sum_technique",
-                r"Halve the active threads each step.*thread 0 of block 0 read \d+ elements, one "
+                r"Combine the threads' sums as a tree.*thread 0 of block 0 read 68 elements, one "
                 r"by one"),
-        Mistake("unpadded_tile", "transpose",
-                "cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)",
-                "cuda.shared.array((TILE_DIM, TILE_DIM), float32)", "test_transpose_technique",
-                r"Pad the tile.*took 32 passes \(a 32-way bank conflict\)"),
+        Mistake("strided_loads", "block_sum", "i = start + k * THREADS + t",
+                "i = start + t * ITEMS_PER_THREAD + k  # each thread a run of its own",
+                "test_block_sum_technique",
+                r"Let neighbouring threads load neighbouring elements: .*16\.0 sectors of 32 B "
+                r"per warp request, where coalesced loads take 4"),
+        Mistake("padded_tile", "transpose",
+                "cuda.shared.array((TILE_DIM, TILE_DIM), float32)",
+                "cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)", "test_transpose_technique",
+                r"Keep the tile at TILE_DIM x TILE_DIM floats, no padding: .*declares 4224 B"),
         Mistake("naive_matmul", "matmul_tiled",
-                "    acc = float32(0.0)\n"
+                "    acc_bottom = float32(0.0)\n"
                 "    for t in range((k_dim + TILE - 1) // TILE):\n",
-                "    acc = float32(0.0)\n"
-                "    if row < m and col < n:  # every operand from global memory\n"
+                "    acc_bottom = float32(0.0)\n"
+                "    if col < n:  # every operand from global memory\n"
                 "        for kk in range(k_dim):\n"
-                "            acc += a[row, kk] * b[kk, col]\n"
+                "            if row < m:\n"
+                "                acc_top += a[row, kk] * b[kk, col]\n"
+                "            if row + half < m:\n"
+                "                acc_bottom += a[row + half, kk] * b[kk, col]\n"
                 "    for t in range(0):  # the tiles never loaded\n",
                 "test_matmul_tiled_technique",
                 r"Stage each TILE x TILE tile of `a` in shared memory.*reads 8\.0x the global "
@@ -197,13 +219,13 @@ LAB1 = Spec(
                 r"Scan in log2\(THREADS\) steps.*thread 0 of block 0 read \d+ elements, one by "
                 r"one"),
     ),
-    # One notebook, a mistake in each kernel: values wrong in three, the right values the slow
-    # way in four. The others are carried by the checkers' tests.
-    end_to_end=("off_by_one", "unpadded_tile", "serial_block_sum", "naive_matmul", "no_atomics",
-                "global_taps", "exclusive_scan"),
-    together="seven_mistakes",
+    # One notebook, a mistake in each kernel and in the launch plan: values wrong in four,
+    # the right values the slow way in four. The others are carried by the checkers' tests.
+    end_to_end=("off_by_one", "padded_tile", "strided_loads", "naive_matmul", "no_atomics",
+                "global_taps", "exclusive_scan", "best_by_habit"),
+    together="eight_mistakes",
     hidden_at_least=8,
-    context=("cell-31",),  # Part 6's worked example: the waves answer uses its get_gpu import
+    context=("cell-31",),  # Part 6's worked example: the plan uses its math and get_gpu imports
     stub_hint="Replace `raise NotImplementedError()` with your kernel's code.",
     # Part 6's answers are still None: its checker asks for numbers.
     untouched_says={"test_waves": "should be a number"},
@@ -216,6 +238,7 @@ LAB1 = Spec(
 LAB2 = Spec(
     "lab2_amp_training",
     mistakes=(
+        # The six bugs planted in the release's starting code, each left in alone.
         Mistake("blocking_copy", "to_device", "batch.to(device, non_blocking=True)",
                 "batch.to(device)", "test_to_device",
                 r"2 of 2 tensor copies were not asynchronous: call \.to\(device, "
@@ -257,7 +280,6 @@ LAB2 = Spec(
         Mistake("forgotten_optimizer_state", "resume",
                 '    optimizer.load_state_dict(snap["optimizer"])\n', "", "test_resume",
                 r"the optimizer's state was not restored\. AdamW keeps"),
-        # The six bugs planted in the release's starting code, each left in alone.
     ),
     # One notebook with a planted bug left in each of four parts (to_device left right); the
     # untouched release holds all six, and the checker tests carry each alone.
@@ -265,6 +287,15 @@ LAB2 = Spec(
                 "shuffled_x"),
     together="four_planted_bugs",
     hidden_at_least=8,
+    # The release is the buggy loop, not stubs: each part fails on the first bug its checker
+    # meets (amp_step's backward inside autocast, on the case without a GradScaler).
+    untouched_says={
+        "test_to_device": "tensor copies were not asynchronous",
+        "test_amp_step": "backward ran inside torch.autocast",
+        "test_accumulate_gradients": "divided by the number of micro-batches (3)",
+        "test_resume": "(the snapshot holds no GradScaler state)",
+        "test_memorize": "x and y no longer paired",
+    },
     checker_tests="tests/test_checks_lab2.py",
     marks=(pytest.mark.lab2,),
 )
@@ -287,15 +318,6 @@ LAB3 = Spec(
     "lab3_ddp_from_scratch",
     mistakes=(
         Mistake("blocking_sends", "ring_all_reduce",
-    # The release is the buggy loop, not stubs: each part fails on the first bug its checker
-    # meets (amp_step's backward inside autocast, on the case without a GradScaler).
-    untouched_says={
-        "test_to_device": "tensor copies were not asynchronous",
-        "test_amp_step": "backward ran inside torch.autocast",
-        "test_accumulate_gradients": "divided by the number of micro-batches (3)",
-        "test_resume": "(the snapshot holds no GradScaler state)",
-        "test_memorize": "x and y no longer paired",
-    },
                 "        ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, "
                 "recv, left)]\n        for request in dist.batch_isend_irecv(ops):\n"
                 "            request.wait()\n",
@@ -392,6 +414,15 @@ LAB4 = Spec(
                 "    return torch.stack(losses).tolist()  # one sync, at the end",
                 "        losses.append(loss.item())  # read every step\n    return losses",
                 "test_fast_technique", r"fast_train made 1\.00 host-device syncs a step"),
+        # Fast enough on a CPU, where a pass of 8 examples costs little more per example.
+        Mistake("micro_batches_kept", "fast_train",
+                "        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])  # one batch, its "
+                "mean loss\n",
+                "        loss = sum(F.cross_entropy(model(x_all[i]), y_all[i])"
+                " * (len(i) / batch_size)\n"
+                "                   for i in idx.split(8))  # slow_train's micro-batches\n",
+                "test_fast_technique",
+                r"fast_train ran the model 8\.00 times a step \(slow_train 8\): micro-batches"),
         Mistake("slow_train_renamed", "fast_train", "    model.train()\n",
                 "    return slow_train(model, optimizer, images, labels, steps=steps,\n"
                 "                      batch_size=batch_size, seed=seed)\n", "test_speedup",

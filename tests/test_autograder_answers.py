@@ -103,17 +103,17 @@ def test_the_command_gives_each_student_their_answers(capsys):
 
 
 def test_the_waves_answer_is_the_course_spec_sheets_whatever_the_kernel_holds():
-    """The attack that once earned Lab 1's Part 6: an A100 edited to 250 SMs in this process.
-    The grader's answer comes from a fresh process, so it still says 108 SMs."""
+    """The attack that once earned Lab 1's Part 6: its GPU (now an L4) edited to 250 SMs in this
+    process. The grader's answer comes from a fresh process, so it still says 58 SMs."""
     from gpulab.hardware import get_gpu
 
     env = {**os.environ, "GPULAB_RUNNER": "cpu"}
-    a100 = get_gpu("A100")
-    object.__setattr__(a100, "sms", 250)
+    l4 = get_gpu("L4")
+    object.__setattr__(l4, "sms", 250)
     try:
-        assert answer_key("lab1.waves")["waves_ceil"] == 1  # this process is fooled
+        assert answer_key("lab1.waves")["fewest_waves"] == 3  # this process is fooled
         fresh = compute_answers("lab1_cuda_kernels", source("lab1_cuda_kernels"), env,
                                 ["ada"])["ada"]
     finally:
-        object.__setattr__(a100, "sms", 108)
-    assert fresh["lab1.waves"]["sms"] == 108 and fresh["lab1.waves"]["waves_ceil"] == 3
+        object.__setattr__(l4, "sms", 58)
+    assert fresh["lab1.waves"]["sms"] == 58 and fresh["lab1.waves"]["fewest_waves"] == 13

@@ -26,7 +26,7 @@ from autograder.grade import grade
 from autograder.integrity import check_expression, read_answer
 from autograder.profiles import get_profile
 from gpulab.checks.harness.numbers import as_number
-from gpulab.checks.lab1 import check_waves
+from gpulab.checks.lab1 import WAVES_SETTING, check_waves
 from gpulab.checks.lab1.waves import expected_waves
 
 FIXTURE = Path(__file__).parent / "fixtures" / "solutions"
@@ -92,9 +92,9 @@ class AlwaysEqual:
 def test_an_object_equal_to_everything_fails_the_checkers():
     with pytest.raises(AssertionError, match="should be a number"):
         as_number(AlwaysEqual(), "n_waves")
-    with pytest.raises(AssertionError, match="n_waves should be a number"):
-        check_waves(AlwaysEqual(), AlwaysEqual(), AlwaysEqual(),
-                    want=expected_waves(gpu="A100", n_blocks=1000, blocks_per_sm=4))
+    with pytest.raises(AssertionError, match="threads_per_block should be a number"):
+        check_waves(AlwaysEqual(), AlwaysEqual(), AlwaysEqual(), AlwaysEqual(),
+                    want=expected_waves(**WAVES_SETTING))
     assert AlwaysEqual() == 3, "the object does fool a plain comparison"
     with pytest.raises(TypeError):  # and NumPy's comparisons refuse it
         np.isclose(np.array([AlwaysEqual()]), np.array([1.0]))

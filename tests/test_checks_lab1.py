@@ -1,7 +1,8 @@
 """Lab 1's checkers pass a correct kernel and fail, with the message that teaches, on the known
 wrong ones a learner writes: an off-by-one guard, no grid-stride loop, a start index without the
 block, a stride longer than the grid, swapped indices, a missing barrier, a wrong tile index, no
-atomics, gpulab's own kernel handed in."""
+atomics, lesson 02's kernel retyped where the lab asks for a variant, a launch plan whose numbers
+or choice are wrong, gpulab's own kernel handed in."""
 
 import re
 import sys
@@ -24,7 +25,9 @@ from gpulab.kernels.vector_add import saxpy_kernel_v1
 pytestmark = pytest.mark.lab1
 
 THREADS = lab1_config.BLOCK_SUM_THREADS
+ITEMS = lab1_config.ITEMS_PER_THREAD
 TILE = lab1_config.TILE
+HALF = TILE // 2
 needs_simulator = pytest.mark.skipif(not gpulab.runner.simulator,
                                      reason="the simulator raises IndexError on these")
 
@@ -223,6 +226,22 @@ TILE_DIM, BLOCK_ROWS = lab1_config.TILE_DIM, lab1_config.BLOCK_ROWS
 
 @cuda.jit
 def transpose(out, a):
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM), float32)  # element (r, c) at [r, c ^ r]
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            tile[ty + j, tx ^ (ty + j)] = a[y + j, x]
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < out.shape[0] and x < out.shape[1]:
+            out[y + j, x] = tile[tx, (ty + j) ^ tx]
+
+
+@cuda.jit
+def transpose_padded(out, a):
+    """Lesson 02's transpose_kernel_v3, retyped: right, and the padding this part rules out."""
     tile = cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
@@ -234,6 +253,21 @@ def transpose(out, a):
     for j in range(0, TILE_DIM, BLOCK_ROWS):
         if y + j < out.shape[0] and x < out.shape[1]:
             out[y + j, x] = tile[tx, ty + j]
+
+
+@cuda.jit
+def transpose_skew_read_back_plain(out, a):
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            tile[ty + j, (tx + ty + j) % TILE_DIM] = a[y + j, x]  # skewed in ...
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < out.shape[0] and x < out.shape[1]:
+            out[y + j, x] = tile[tx, ty + j]  # ... read back as if it were not
 
 
 @cuda.jit
@@ -284,19 +318,27 @@ def test_transpose_passes_a_correct_kernel():
 
 
 def test_transpose_names_the_rows_a_thread_left_out():
-    with pytest.raises(AssertionError, match=r"Only the first 8 rows of each tile were written.*"
-                                             r"for j in range\(0, TILE_DIM, BLOCK_ROWS\)"):
+    with pytest.raises(AssertionError, match=r"^Only the first 8 rows of each tile were written.*"
+                                             r"each thread copies 4 rows"):
         lab1.check_transpose(transpose_one_row_each, shapes=[(24, 40)])
 
 
 def test_transpose_names_block_indices_left_in_place():
-    with pytest.raises(AssertionError, match=r"never written.*the block indices swap"):
+    with pytest.raises(AssertionError, match=r"^It was never written.*the block indices swap"):
         lab1.check_transpose(transpose_blocks_not_swapped, shapes=[(13, 40)])
 
 
 def test_transpose_names_a_tile_stored_by_rows():
-    with pytest.raises(AssertionError, match=r"store tile\[tx, ty \+ j\]"):
+    with pytest.raises(AssertionError, match=r"^Within a tile the elements are in the wrong "
+                                             r"places: a thread writes to out's row the tile's "
+                                             r"column.*More: gpulab\.hint\(\"lab1\", "
+                                             r"\"transpose\"\)"):
         lab1.check_transpose(transpose_tile_row_stored, shapes=[(8, 24)])
+
+
+def test_transpose_names_a_layout_read_back_differently_from_how_it_was_written():
+    with pytest.raises(AssertionError, match=r"reads each element from where it was written"):
+        lab1.check_transpose(transpose_skew_read_back_plain, shapes=[(8, 24)])
 
 
 def test_transpose_on_a_square_within_one_tile_still_needs_the_column():
@@ -354,8 +396,17 @@ def test_a_naive_transpose_keeps_its_values_and_loses_the_technique():
 def test_an_unpadded_tile_is_named_by_its_bank_conflict():
     lab1.check_transpose(transpose_unpadded)
     fails(lab1.check_transpose_technique, transpose_unpadded,
-          r"^Pad the tile: cuda\.shared\.array\(\(TILE_DIM, TILE_DIM \+ 1\), float32\).*took 32 "
-          r"passes \(a 32-way bank conflict\)")
+          r"^Lay the tile out so that a column spans all 32 banks: .*took 32 passes \(a 32-way "
+          r"bank conflict\)")
+
+
+@TRACED
+def test_lesson_02s_padded_tile_keeps_its_values_and_is_named_by_its_padding():
+    lab1.check_transpose(transpose_padded)
+    text = fails(lab1.check_transpose_technique, transpose_padded,
+                 r"^Keep the tile at TILE_DIM x TILE_DIM floats, no padding: .* declares 4224 B "
+                 r"of shared memory per block, and this part allows 4096 B")
+    assert "The values are right" in text
 
 
 # ----------------------------------------------------------------------------- Part 3
@@ -363,6 +414,47 @@ def test_an_unpadded_tile_is_named_by_its_bank_conflict():
 
 @cuda.jit
 def block_sum(out, x):
+    cache = cuda.shared.array(THREADS, float32)
+    t = cuda.threadIdx.x
+    total = float32(0.0)
+    for k in range(ITEMS):
+        i = cuda.blockIdx.x * ITEMS * THREADS + k * THREADS + t
+        if i < x.size:
+            total += x[i]
+    cache[t] = total
+    cuda.syncthreads()
+    stride = THREADS // 2
+    while stride > 0:
+        if t < stride:
+            cache[t] += cache[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_no_barrier(out, x):
+    cache = cuda.shared.array(THREADS, float32)
+    t = cuda.threadIdx.x
+    total = float32(0.0)
+    for k in range(ITEMS):
+        i = cuda.blockIdx.x * ITEMS * THREADS + k * THREADS + t
+        if i < x.size:
+            total += x[i]
+    cache[t] = total
+    stride = THREADS // 2
+    while stride > 0:
+        if t < stride:
+            cache[t] += cache[t + stride]
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = cache[0]
+
+
+@cuda.jit
+def block_sum_one_per_thread(out, x):
+    """Lesson 02's reduce_kernel_v2 with its own output per block: one element per thread."""
     cache = cuda.shared.array(THREADS, float32)
     i, t = cuda.grid(1), cuda.threadIdx.x
     cache[t] = x[i] if i < x.size else 0.0
@@ -378,14 +470,17 @@ def block_sum(out, x):
 
 
 @cuda.jit
-def block_sum_no_barrier(out, x):
+def block_sum_first_items_only(out, x):
     cache = cuda.shared.array(THREADS, float32)
-    i, t = cuda.grid(1), cuda.threadIdx.x
+    t = cuda.threadIdx.x
+    i = cuda.blockIdx.x * ITEMS * THREADS + t  # its first element, and none of the others
     cache[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
     stride = THREADS // 2
     while stride > 0:
         if t < stride:
             cache[t] += cache[t + stride]
+        cuda.syncthreads()
         stride //= 2
     if t == 0:
         out[cuda.blockIdx.x] = cache[0]
@@ -401,8 +496,13 @@ def block_sum_total(out, x):
 @cuda.jit
 def block_sum_guard_off_by_one(out, x):
     cache = cuda.shared.array(THREADS, float32)
-    i, t = cuda.grid(1), cuda.threadIdx.x
-    cache[t] = x[i] if i <= x.size else 0.0
+    t = cuda.threadIdx.x
+    total = float32(0.0)
+    for k in range(ITEMS):
+        i = cuda.blockIdx.x * ITEMS * THREADS + k * THREADS + t
+        if i <= x.size:
+            total += x[i]
+    cache[t] = total
     cuda.syncthreads()
     if t == 0:
         acc = 0.0
@@ -412,7 +512,7 @@ def block_sum_guard_off_by_one(out, x):
 
 
 def test_block_sum_passes_a_correct_kernel():
-    lab1.check_block_sum(block_sum, sizes=[1, 64, 200])
+    lab1.check_block_sum(block_sum, sizes=[1, 64, 256, 1000])
 
 
 def test_block_sum_race_check_passes_a_correct_kernel():
@@ -426,8 +526,21 @@ def test_block_sum_race_check_catches_a_missing_syncthreads():
 
 def test_block_sum_wants_one_sum_per_block():
     # out starts as NaN, so the atomic total lands in a NaN: out[0] is wrong and the rest unset
-    with pytest.raises(AssertionError, match=r"block_sum .*out\[0\]"):
-        lab1.check_block_sum(block_sum_total, sizes=[200])
+    with pytest.raises(AssertionError, match=r"block_sum, .*out\[0\]"):
+        lab1.check_block_sum(block_sum_total, sizes=[600])
+
+
+def test_lesson_02s_one_element_per_thread_is_named():
+    with pytest.raises(AssertionError, match=r"^That is the sum of x\[0:64\], one element per "
+                                             r"thread: here a block covers 256 elements, so each "
+                                             r"of its 64 threads adds 4 of them"):
+        lab1.check_block_sum(block_sum_one_per_thread, sizes=[1000])
+
+
+def test_a_thread_that_adds_one_of_its_elements_is_named():
+    with pytest.raises(AssertionError, match=r"^That is the sum of the block's first 64 elements "
+                                             r"only: each thread adds 4 elements"):
+        lab1.check_block_sum(block_sum_first_items_only, sizes=[1000])
 
 
 @needs_simulator
@@ -439,43 +552,49 @@ def test_block_sum_catches_an_off_by_one_guard():
 # ----------------------------------------------------------------------------- Part 4
 
 
-@cuda.jit
-def matmul_tiled(c, a, b, bias):
-    a_tile = cuda.shared.array((TILE, TILE), float32)
-    b_tile = cuda.shared.array((TILE, TILE), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    col, row = cuda.grid(2)
-    acc = float32(0.0)
-    for t in range((a.shape[1] + TILE - 1) // TILE):
-        k = t * TILE + tx
-        a_tile[ty, tx] = a[row, k] if row < a.shape[0] and k < a.shape[1] else 0.0
-        k = t * TILE + ty
-        b_tile[ty, tx] = b[k, col] if k < b.shape[0] and col < b.shape[1] else 0.0
-        cuda.syncthreads()
-        for j in range(TILE):
-            acc += a_tile[ty, j] * b_tile[j, tx]
-        cuda.syncthreads()
-    if row < c.shape[0] and col < c.shape[1]:
-        c[row, col] = acc + bias[col]
+def two_outputs_matmul(step_k):
+    """A tiled matmul with two outputs per thread whose step t loads the K-slice step_k(t, tx)
+    of a: the right one is t * TILE + tx."""
+
+    @cuda.jit
+    def kernel(c, a, b, bias):
+        a_tile = cuda.shared.array((TILE, TILE), float32)
+        b_tile = cuda.shared.array((TILE, TILE), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        col, row = cuda.blockIdx.x * TILE + tx, cuda.blockIdx.y * TILE + ty
+        top, bottom = float32(0.0), float32(0.0)
+        for t in range((a.shape[1] + TILE - 1) // TILE):
+            for r in range(ty, TILE, HALF):
+                a_row, k = cuda.blockIdx.y * TILE + r, step_k(t, tx)
+                a_tile[r, tx] = a[a_row, k] if a_row < a.shape[0] and k < a.shape[1] else 0.0
+                k = t * TILE + r
+                b_tile[r, tx] = b[k, col] if k < b.shape[0] and col < b.shape[1] else 0.0
+            cuda.syncthreads()
+            for j in range(TILE):
+                top += a_tile[ty, j] * b_tile[j, tx]
+                bottom += a_tile[ty + HALF, j] * b_tile[j, tx]
+            cuda.syncthreads()
+        if col < c.shape[1]:
+            if row < c.shape[0]:
+                c[row, col] = top + bias[col]
+            if row + HALF < c.shape[0]:
+                c[row + HALF, col] = bottom + bias[col]
+
+    return kernel
 
 
-@cuda.jit
-def matmul_wrong_tile_index(c, a, b, bias):
-    a_tile = cuda.shared.array((TILE, TILE), float32)
-    b_tile = cuda.shared.array((TILE, TILE), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    col, row = cuda.grid(2)
-    acc = float32(0.0)
-    for t in range((a.shape[1] + TILE - 1) // TILE):
-        a_tile[ty, tx] = a[row, tx] if row < a.shape[0] and tx < a.shape[1] else 0.0  # no t
-        k = t * TILE + ty
-        b_tile[ty, tx] = b[k, col] if k < b.shape[0] and col < b.shape[1] else 0.0
-        cuda.syncthreads()
-        for j in range(TILE):
-            acc += a_tile[ty, j] * b_tile[j, tx]
-        cuda.syncthreads()
-    if row < c.shape[0] and col < c.shape[1]:
-        c[row, col] = acc + bias[col]
+@cuda.jit(device=True)
+def _right_k(t, tx):
+    return t * TILE + tx
+
+
+@cuda.jit(device=True)
+def _k_without_step(t, tx):
+    return tx  # the step t forgotten: every step loads a's first tile
+
+
+matmul_tiled = two_outputs_matmul(_right_k)
+matmul_wrong_tile_index = two_outputs_matmul(_k_without_step)
 
 
 @cuda.jit
@@ -483,6 +602,32 @@ def matmul_one_barrier(c, a, b, bias):
     a_tile = cuda.shared.array((TILE, TILE), float32)
     b_tile = cuda.shared.array((TILE, TILE), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col, row = cuda.blockIdx.x * TILE + tx, cuda.blockIdx.y * TILE + ty
+    top, bottom = float32(0.0), float32(0.0)
+    for t in range((a.shape[1] + TILE - 1) // TILE):
+        for r in range(ty, TILE, HALF):
+            a_row, k = cuda.blockIdx.y * TILE + r, t * TILE + tx
+            a_tile[r, tx] = a[a_row, k] if a_row < a.shape[0] and k < a.shape[1] else 0.0
+            k = t * TILE + r
+            b_tile[r, tx] = b[k, col] if k < b.shape[0] and col < b.shape[1] else 0.0
+        cuda.syncthreads()
+        for j in range(TILE):
+            top += a_tile[ty, j] * b_tile[j, tx]
+            bottom += a_tile[ty + HALF, j] * b_tile[j, tx]
+        # the barrier before the next loads is missing
+    if col < c.shape[1]:
+        if row < c.shape[0]:
+            c[row, col] = top + bias[col]
+        if row + HALF < c.shape[0]:
+            c[row + HALF, col] = bottom + bias[col]
+
+
+@cuda.jit
+def matmul_one_output_per_thread(c, a, b, bias):
+    """Lesson 02's matmul_kernel_v2 (with the bias), retyped: one output per thread."""
+    a_tile = cuda.shared.array((TILE, TILE), float32)
+    b_tile = cuda.shared.array((TILE, TILE), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     col, row = cuda.grid(2)
     acc = float32(0.0)
     for t in range((a.shape[1] + TILE - 1) // TILE):
@@ -493,19 +638,21 @@ def matmul_one_barrier(c, a, b, bias):
         cuda.syncthreads()
         for j in range(TILE):
             acc += a_tile[ty, j] * b_tile[j, tx]
-        # the barrier before the next loads is missing
+        cuda.syncthreads()
     if row < c.shape[0] and col < c.shape[1]:
         c[row, col] = acc + bias[col]
 
 
 @cuda.jit
 def matmul_no_bias(c, a, b, bias):
-    col, row = cuda.grid(2)
-    if row < c.shape[0] and col < c.shape[1]:
-        acc = float32(0.0)
-        for k in range(a.shape[1]):
-            acc += a[row, k] * b[k, col]
-        c[row, col] = acc
+    col = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    for row in range(cuda.blockIdx.y * TILE + cuda.threadIdx.y, (cuda.blockIdx.y + 1) * TILE,
+                     HALF):
+        if row < c.shape[0] and col < c.shape[1]:
+            acc = float32(0.0)
+            for k in range(a.shape[1]):
+                acc += a[row, k] * b[k, col]
+            c[row, col] = acc
 
 
 def test_matmul_tiled_passes_a_correct_kernel():
@@ -513,8 +660,15 @@ def test_matmul_tiled_passes_a_correct_kernel():
 
 
 def test_matmul_tiled_catches_a_wrong_tile_index():
-    with pytest.raises(AssertionError, match=r"Check the tile index.*a\[row, t \* TILE \+ tx\]"):
+    with pytest.raises(AssertionError, match=r"^Check which tiles each step along K loads"):
         lab1.check_matmul_tiled(matmul_wrong_tile_index, shapes=[(8, 16, 8)])
+
+
+def test_lesson_02s_one_output_per_thread_is_named_by_the_rows_it_leaves():
+    with pytest.raises(AssertionError, match=r"^8 of c's 16 rows were never written: a block has 4 "
+                                             r"rows of threads for a tile of 8 rows of c, so each "
+                                             r"thread computes 2 outputs"):
+        lab1.check_matmul_tiled(matmul_one_output_per_thread, shapes=[(16, 16, 8)])
 
 
 def test_matmul_tiled_names_a_missing_bias():
@@ -586,29 +740,61 @@ def test_histogram_names_a_missing_bin_width():
 # ----------------------------------------------------------------------------- Part 6
 
 
-WAVES_WANT = lab1_waves.expected_waves(gpu="A100", n_blocks=1000, blocks_per_sm=4)
+WAVES_WANT = lab1_waves.expected_waves(**lab1.WAVES_SETTING)
 
 
-def test_waves_accepts_the_spec_sheet_answer():
-    slots = 108 * 4  # an A100 has 108 SMs
-    n_waves = -(-1000 // slots)
-    tail = (1000 - (n_waves - 1) * slots) / slots
-    lab1.check_waves(n_waves, tail, 1000 / (n_waves * slots), want=WAVES_WANT)
-    lab1.check_waves(np.int64(n_waves), np.float32(tail), 1000 / (n_waves * slots),
-                     want=WAVES_WANT)
+def l4_plan(tpb):
+    """(blocks, blocks per SM, waves) on an L4 (58 SMs, 64 Ki registers, 100 KB of shared memory)
+    for the lab's kernel, computed here from the notebook's numbers, not the checker's code."""
+    per_sm = min(1536 // tpb, 24, 65536 // (48 * tpb), 102400 // (4096 + 32 * tpb))
+    blocks = -(-1_000_000 // tpb)
+    return blocks, per_sm, -(-blocks // (58 * per_sm))
 
 
-def test_waves_explains_wrong_answers():
-    with pytest.raises(AssertionError, match="round n_blocks / slots up"):
-        lab1.check_waves(1000 / 432, 0.3148, 0.7716, want=WAVES_WANT)
-    with pytest.raises(AssertionError, match="tail_utilization is 136.0000"):
-        lab1.check_waves(3, 136, 0.7716, want=WAVES_WANT)
-    with pytest.raises(AssertionError, match=r"utilization is 0\.3148"):
-        lab1.check_waves(3, 136 / 432, 136 / 432, want=WAVES_WANT)
+def test_waves_accepts_every_block_size_with_the_fewest_waves():
+    best = [tpb for tpb in range(32, 1025, 32) if l4_plan(tpb)[1] and l4_plan(tpb)[2] == 13]
+    assert best == [96, 192, 224, 448, 672]
+    assert WAVES_WANT["fewest_waves"] == 13 and WAVES_WANT["sms"] == 58
+    for tpb in best:
+        lab1.check_waves(tpb, *l4_plan(tpb), want=WAVES_WANT)
+    lab1.check_waves(np.int64(96), np.float64(10417), 14, np.int32(13), want=WAVES_WANT)
+
+
+def test_waves_names_a_plan_that_is_right_but_not_the_best():
+    with pytest.raises(AssertionError, match=r"^Your plan's numbers are right, and it runs 14 "
+                                             r"waves; some block sizes run it in 13\. It holds "
+                                             r"5 x 256 = 1280 threads per SM \(the registers "
+                                             r"bind\)"):
+        lab1.check_waves(256, *l4_plan(256), want=WAVES_WANT)
+
+
+def test_waves_names_the_limit_that_binds():
+    with pytest.raises(AssertionError, match=r"^An SM holds what its tightest limit allows: "
+                                             r"blocks_per_sm is 6, expected 5 .*threads 1536 // "
+                                             r"256 = 6, blocks 24, registers 65536 // \(48 x "
+                                             r"256\) = 5, shared memory 102400 // 12288 = 8: the "
+                                             r"registers allow 5"):
+        lab1.check_waves(256, 3907, 6, 12, want=WAVES_WANT)  # the threads' limit alone
+    with pytest.raises(AssertionError, match=r"expected 16 .*the shared memory allow 16"):
+        lab1.check_waves(64, 15625, 24, 12, want=WAVES_WANT)
+
+
+def test_waves_explains_wrong_plan_numbers():
+    with pytest.raises(AssertionError, match=r"^One thread per element: blocks is 3906, expected "
+                                             r"3907"):
+        lab1.check_waves(256, 1_000_000 // 256, 5, 14, want=WAVES_WANT)
+    with pytest.raises(AssertionError, match=r"n_waves is 13\.4.*expected 14.*round up"):
+        lab1.check_waves(256, 3907, 5, 3907 / 290, want=WAVES_WANT)
+    with pytest.raises(AssertionError, match=r"n_waves is 4, expected 14.*58 x 5 = 290 blocks"):
+        lab1.check_waves(256, 3907, 5, 4, want=WAVES_WANT)
+    with pytest.raises(AssertionError, match=r"threads_per_block is 100: .*a multiple of 32"):
+        lab1.check_waves(100, 10000, 15, 12, want=WAVES_WANT)
+    with pytest.raises(AssertionError, match=r"threads_per_block is 2048"):
+        lab1.check_waves(2048, 489, 0, 1, want=WAVES_WANT)
     with pytest.raises(AssertionError, match="should be a number"):
-        lab1.check_waves("3", 0.3148, 0.7716, want=WAVES_WANT)
+        lab1.check_waves("96", 10417, 14, 13, want=WAVES_WANT)
     with pytest.raises(AssertionError, match="should be a number"):
-        lab1.check_waves(3, None, 0.7716, want=WAVES_WANT)
+        lab1.check_waves(96, None, 14, 13, want=WAVES_WANT)
 
 
 # ----------------------------------------------------------------------------- known mistakes

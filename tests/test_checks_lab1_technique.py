@@ -1,9 +1,9 @@
 """Lab 1's technique checkers: right values computed the wrong way lose the technique's points.
 
 Each checker runs the solution's way (passes) and the ways learners skip the technique: a naive
-matmul, a matmul that stages only `a`, a block sum that thread 0 adds up alone, a tree in global
-memory, a histogram of global atomics, a stencil reading its taps from global memory, a scan
-that thread 0 walks. Each of those gets the values right (the value checker
+matmul, a matmul that stages only `a`, a block sum that thread 0 adds up alone, one whose threads
+each load a run of their own (uncoalesced), a tree in global memory, a histogram of global
+atomics, a stencil reading its taps from global memory, a scan that thread 0 walks. Each of those gets the values right (the value checker
 passes) and fails the technique checker with a message that names the technique and the number
 that shows it. On the cpu runner the evidence is the simulator's trace.
 """
@@ -31,6 +31,7 @@ from gpulab.checks.lab1 import (
 )
 from gpulab.checks.lab1.config import BLOCK_SUM_THREADS as THREADS
 from gpulab.checks.lab1.config import HISTOGRAM_BINS as BINS
+from gpulab.checks.lab1.config import ITEMS_PER_THREAD as ITEMS
 from gpulab.checks.lab1.config import (
     RADIUS,
     SCAN_THREADS,
@@ -47,56 +48,71 @@ pytestmark = [pytest.mark.lab1, pytest.mark.skipif(
 # ----------------------------------------------------------------------------- matmul
 
 
+HALF = TILE // 2  # blocks of (TILE, HALF) threads, two rows of c per thread
+
+
 @cuda.jit
 def matmul_tiled(c, a, b, bias):
     a_tile = cuda.shared.array((TILE, TILE), float32)
     b_tile = cuda.shared.array((TILE, TILE), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    col, row = cuda.grid(2)
+    col, row = cuda.blockIdx.x * TILE + tx, cuda.blockIdx.y * TILE + ty
     m, k_dim = a.shape
     n = b.shape[1]
-    acc = float32(0.0)
+    top, bottom = float32(0.0), float32(0.0)
     for t in range((k_dim + TILE - 1) // TILE):
-        k = t * TILE + tx
-        a_tile[ty, tx] = a[row, k] if row < m and k < k_dim else float32(0.0)
-        k = t * TILE + ty
-        b_tile[ty, tx] = b[k, col] if k < k_dim and col < n else float32(0.0)
+        for r in range(ty, TILE, HALF):
+            a_row, k = cuda.blockIdx.y * TILE + r, t * TILE + tx
+            a_tile[r, tx] = a[a_row, k] if a_row < m and k < k_dim else float32(0.0)
+            k = t * TILE + r
+            b_tile[r, tx] = b[k, col] if k < k_dim and col < n else float32(0.0)
         cuda.syncthreads()
         for j in range(TILE):
-            acc += a_tile[ty, j] * b_tile[j, tx]
+            top += a_tile[ty, j] * b_tile[j, tx]
+            bottom += a_tile[ty + HALF, j] * b_tile[j, tx]
         cuda.syncthreads()
-    if row < m and col < n:
-        c[row, col] = acc + bias[col]
+    if col < n:
+        if row < m:
+            c[row, col] = top + bias[col]
+        if row + HALF < m:
+            c[row + HALF, col] = bottom + bias[col]
 
 
 @cuda.jit
 def matmul_naive(c, a, b, bias):
-    col, row = cuda.grid(2)
-    if row < c.shape[0] and col < c.shape[1]:
-        acc = float32(0.0)
-        for k in range(a.shape[1]):
-            acc += a[row, k] * b[k, col]
-        c[row, col] = acc + bias[col]
+    col, row = cuda.blockIdx.x * TILE + cuda.threadIdx.x, cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    for r in range(row, row + TILE, HALF):
+        if r < c.shape[0] and col < c.shape[1]:
+            acc = float32(0.0)
+            for k in range(a.shape[1]):
+                acc += a[r, k] * b[k, col]
+            c[r, col] = acc + bias[col]
 
 
 @cuda.jit
 def matmul_a_only(c, a, b, bias):
     a_tile = cuda.shared.array((TILE, TILE), float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    col, row = cuda.grid(2)
+    col, row = cuda.blockIdx.x * TILE + tx, cuda.blockIdx.y * TILE + ty
     m, k_dim = a.shape
-    acc = float32(0.0)
+    top, bottom = float32(0.0), float32(0.0)
     for t in range((k_dim + TILE - 1) // TILE):
-        k = t * TILE + tx
-        a_tile[ty, tx] = a[row, k] if row < m and k < k_dim else float32(0.0)
+        for r in range(ty, TILE, HALF):
+            a_row, k = cuda.blockIdx.y * TILE + r, t * TILE + tx
+            a_tile[r, tx] = a[a_row, k] if a_row < m and k < k_dim else float32(0.0)
         cuda.syncthreads()
         for j in range(TILE):
             kk = t * TILE + j
             if kk < k_dim and col < b.shape[1]:
-                acc += a_tile[ty, j] * b[kk, col]
+                b_value = b[kk, col]  # from global memory, once for both outputs
+                top += a_tile[ty, j] * b_value
+                bottom += a_tile[ty + HALF, j] * b_value
         cuda.syncthreads()
-    if row < m and col < b.shape[1]:
-        c[row, col] = acc + bias[col]
+    if col < b.shape[1]:
+        if row < m:
+            c[row, col] = top + bias[col]
+        if row + HALF < m:
+            c[row + HALF, col] = bottom + bias[col]
 
 
 def test_the_formula_counts_each_tile_once_per_block():
@@ -120,34 +136,63 @@ def test_a_naive_matmul_keeps_its_values_and_loses_the_technique():
 def test_staging_only_a_is_half_the_technique():
     check_matmul_tiled(matmul_a_only)
     fails(check_matmul_tiled_technique, matmul_a_only,
-          r"tile of `b` in shared memory.*reads 8\.0x the global bytes of `b`.*whole column of "
+          r"tile of `b` in shared memory.*reads 4\.0x the global bytes of `b`.*whole column of "
           r"`b`")
 
 
 # ----------------------------------------------------------------------------- block sum
 
 
-@cuda.jit
-def block_sum_tree(out, x):
-    cache = cuda.shared.array(THREADS, float32)
-    i, t = cuda.grid(1), cuda.threadIdx.x
-    cache[t] = x[i] if i < x.size else 0.0
-    cuda.syncthreads()
-    stride = THREADS // 2
-    while stride > 0:
-        if t < stride:
-            cache[t] += cache[t + stride]
+def coarsened_block_sum(element):
+    """A block sum whose thread t adds the elements element(start, k, t), k < ITEMS, then a tree."""
+
+    @cuda.jit
+    def kernel(out, x):
+        cache = cuda.shared.array(THREADS, float32)
+        t = cuda.threadIdx.x
+        total = float32(0.0)
+        for k in range(ITEMS):
+            i = element(cuda.blockIdx.x * ITEMS * THREADS, k, t)
+            if i < x.size:
+                total += x[i]
+        cache[t] = total
         cuda.syncthreads()
-        stride //= 2
-    if t == 0:
-        out[cuda.blockIdx.x] = cache[0]
+        stride = THREADS // 2
+        while stride > 0:
+            if t < stride:
+                cache[t] += cache[t + stride]
+            cuda.syncthreads()
+            stride //= 2
+        if t == 0:
+            out[cuda.blockIdx.x] = cache[0]
+
+    return kernel
+
+
+@cuda.jit(device=True)
+def _interleaved(start, k, t):
+    return start + k * THREADS + t  # the block reads THREADS neighbours at a time
+
+
+@cuda.jit(device=True)
+def _own_run(start, k, t):
+    return start + t * ITEMS + k  # each thread a run of its own: a warp's loads 4 apart
+
+
+block_sum_tree = coarsened_block_sum(_interleaved)
+block_sum_strided = coarsened_block_sum(_own_run)
 
 
 @cuda.jit
 def block_sum_serial(out, x):
     cache = cuda.shared.array(THREADS, float32)
-    i, t = cuda.grid(1), cuda.threadIdx.x
-    cache[t] = x[i] if i < x.size else 0.0
+    t = cuda.threadIdx.x
+    total = float32(0.0)
+    for k in range(ITEMS):
+        i = cuda.blockIdx.x * ITEMS * THREADS + k * THREADS + t
+        if i < x.size:
+            total += x[i]
+    cache[t] = total
     cuda.syncthreads()
     if t == 0:
         total = float32(0.0)
@@ -158,15 +203,24 @@ def block_sum_serial(out, x):
 
 @cuda.jit
 def block_sum_global_tree(out, x):
-    i, t = cuda.grid(1), cuda.threadIdx.x
+    t = cuda.threadIdx.x
+    start = cuda.blockIdx.x * ITEMS * THREADS
+    total = float32(0.0)
+    for k in range(ITEMS):
+        if start + k * THREADS + t < x.size:
+            total += x[start + k * THREADS + t]
+    cuda.syncthreads()  # every element read before the block's first THREADS are overwritten
+    if start + t < x.size:
+        x[start + t] = total
+    cuda.syncthreads()
     stride = THREADS // 2
     while stride > 0:  # in place, in global memory: right, but every step goes to DRAM
-        if t < stride and i + stride < x.size:
-            x[i] += x[i + stride]
+        if t < stride and start + t + stride < x.size:
+            x[start + t] += x[start + t + stride]
         cuda.syncthreads()
         stride //= 2
     if t == 0:
-        out[cuda.blockIdx.x] = x[i]
+        out[cuda.blockIdx.x] = x[start]
 
 
 def test_a_tree_passes_both_checks():
@@ -177,14 +231,23 @@ def test_a_tree_passes_both_checks():
 def test_thread_zero_adding_the_block_loses_the_technique():
     check_block_sum(block_sum_serial)
     fails(check_block_sum_technique, block_sum_serial,
-          r"^Halve the active threads each step.*thread 0 of block 0 read 65 elements, one by "
+          r"^Combine the threads' sums as a tree: halve the active threads each step: no thread "
+          r"should read more than 17 elements.*thread 0 of block 0 read 68 elements, one by "
           r"one: O\(THREADS\) work for one thread, where a tree takes log2\(64\) = 6 steps")
 
 
+def test_loads_each_thread_takes_as_a_run_of_its_own_lose_the_technique():
+    check_block_sum(block_sum_strided)
+    text = fails(check_block_sum_technique, block_sum_strided,
+                 r"^Let neighbouring threads load neighbouring elements: .*loads x with 16\.0 "
+                 r"sectors of 32 B per warp request, where coalesced loads take 4")
+    assert "The values are right" in text
+
+
 def test_a_tree_outside_shared_memory_loses_the_technique():
-    check_block_sum(block_sum_global_tree, sizes=[256])
+    check_block_sum(block_sum_global_tree, sizes=[512])
     fails(check_block_sum_technique, block_sum_global_tree,
-          r"^Keep the partial results in a cuda.shared.array: block_sum .* never read "
+          r"Keep the partial results in a cuda.shared.array: block_sum .* never read "
           r"shared memory")
 
 

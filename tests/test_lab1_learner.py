@@ -88,7 +88,7 @@ def test_the_unanswered_question_fails_in_its_own_cell(executed):
     assert answer.ename == "NotImplementedError"
     (test,) = errors(cell_by_grade_id(executed, "test_waves"))
     assert test.ename == "AssertionError"
-    assert "n_waves should be a number" in test.evalue and "None" in test.evalue
+    assert "threads_per_block should be a number" in test.evalue and "None" in test.evalue
 
 
 def test_only_the_unfinished_parts_fail(executed):

@@ -148,7 +148,7 @@ def test_the_solutions_pass():
 
 def test_the_released_stubs_read_not_started():
     lab1 = lab_namespace("lab1_cuda_kernels", {"waves": None, "saxpy": None}, released=True)
-    for part, says in (("waves", "Still None: n_waves, tail_utilization, utilization."),
+    for part, says in (("waves", "Still None: threads_per_block, blocks, blocks_per_sm, n_waves."),
                        ("saxpy", "Still `raise NotImplementedError()`: saxpy.")):
         (result,) = run_self_checks("lab1", part, namespace=lab1, progress=False).results
         assert result.status == NOT_STARTED and says in result.message, result
@@ -175,7 +175,8 @@ WRONG = [  # (lab, part, answer cell, (solution text, wrong text), the checker's
     ("lab5_parallelism_across_nodes", "one_f_one_b", "one_f_one_b",
      ("warmup = min(p - stage - 1, m)", "warmup = m"), r"That is GPipe"),
     ("lab1_cuda_kernels", "waves", "waves",
-     ("math.ceil(1000 / a100_slots)", "1000 / a100_slots"), r"round n_blocks / slots up"),
+     ("math.ceil(grid / (l4.sms * per_sm))", "grid / (l4.sms * per_sm)"),
+     r"The GPU runs whole waves: round up"),
     ("lab2_amp_training", "to_device", "to_device",
      ("batch.to(device, non_blocking=True)", "batch.to(device)"), r"non_blocking=True"),
 ]

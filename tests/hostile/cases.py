@@ -244,16 +244,16 @@ class AlwaysEqual:
     __hash__ = object.__hash__
 
 
-n_waves = tail_utilization = utilization = AlwaysEqual()
+threads_per_block = blocks = blocks_per_sm = n_waves = AlwaysEqual()
 '''}, scores=LAB1_ZERO, reasons=()),
-    # The attack that once earned 16/16: the A100's frozen spec edited in place, so that the
-    # checker's own sums agreed with answers made for a 250-SM A100.
-    Case("lab1_spec_edit", "the A100's spec sheet edited in place (250 SMs), Part 6 answered "
+    # The attack that once earned 16/16: a frozen spec sheet edited in place, so that the
+    # checker's own sums agreed with answers made for a 250-SM GPU.
+    Case("lab1_spec_edit", "the L4's spec sheet edited in place (250 SMs), Part 6 answered "
          "for it", lab="lab1_cuda_kernels", base="release", answers={"waves": '''
-a100 = get_gpu("A100")
-object.__setattr__(a100, "sms", 250)  # a frozen dataclass gives way to object.__setattr__
-n_waves = math.ceil(1000 / (a100.sms * 4))  # 1: every block fits at once
-tail_utilization = utilization = 1000 / (n_waves * a100.sms * 4)  # 1.0
+l4 = get_gpu("L4")
+object.__setattr__(l4, "sms", 250)  # a frozen dataclass gives way to object.__setattr__
+threads_per_block, blocks, blocks_per_sm = 96, 10417, 14
+n_waves = math.ceil(blocks / (l4.sms * blocks_per_sm))  # 3 on this L4, 13 on the real one
 '''}, scores=LAB1_ZERO, flags=("gpulab.gpu_specs.GPUS",), reasons=voided("test_waves")),
 ]
 

@@ -52,12 +52,13 @@ def busiest_thread(trace, **which) -> tuple[tuple[int, int], int]:
 
 
 def require_tree(trace, name: str, case: str, threads: int, reads_per_step: int,
-                 hint: str) -> None:
+                 hint: str, own_reads: int = 1) -> None:
     """AssertionError unless the kernel works like a tree over the block: no thread reads more
-    than reads_per_step elements per step of log2(threads) steps (plus two), and the partial
-    results go through shared memory. `hint` (what to do) leads the message."""
+    than its own `own_reads` elements, reads_per_step per step of log2(threads) steps, and one
+    more; and the partial results go through shared memory. `hint` (what to do) leads the
+    message."""
     steps = max(1, int(math.log2(threads)))
-    most = reads_per_step * steps + 2
+    most = reads_per_step * steps + own_reads + 1
     (block, thread), reads = busiest_thread(trace, kind="read")
     values_right = "The values are right; this is the technique's part."
     if reads > most:

@@ -6,11 +6,11 @@ computed before the learner's kernel runs (on the simulator, a kernel is Python 
 process), as a copy the kernel is never given.
 
     check_saxpy(saxpy, sizes)                     Part 1  grid-stride loop
-    check_block_sum(block_sum, sizes)             Part 2  shared-memory tree reduction
-    check_transpose(transpose, shapes)            Part 3  2-D indexing through a padded tile
-    check_matmul_tiled(matmul_tiled, shapes)      Part 4  tiled matmul with a bias epilogue
+    check_block_sum(block_sum, sizes)             Part 2  coarsened loads, then a tree
+    check_transpose(transpose, shapes)            Part 3  a shared tile, no padding, no conflicts
+    check_matmul_tiled(matmul_tiled, shapes)      Part 4  tiled matmul, two outputs per thread
     check_histogram(histogram, sizes)             Part 5  atomics, privatized per block
-    check_waves(n_waves, tail_utilization, ...)   Part 6  waves and the tail effect
+    check_waves(threads_per_block, blocks, ...)   Part 6  a block size chosen by occupancy, waves
     check_stencil(stencil, sizes)                 Part 7  a 1-D convolution, halo in shared memory
     check_block_scan(block_scan, sizes)           Part 8  a prefix sum in log2(THREADS) steps
     check_*_races(kernel)                         Parts 2, 4, 5, 7, 8 under the race detector
@@ -19,8 +19,11 @@ process), as a copy the kernel is never given.
                                                   speed against a plain kernel on the gpu runner)
 
 Launch configurations are part of each part's spec (config.py); sizes and grids that differ
-between the cpu and gpu runners come from gpulab.runner.
-Taught in: lessons/02_cuda_with_numba.ipynb (Parts 1-5, 7, 8), lessons/01_gpu_architecture.ipynb (6)
+between the cpu and gpu runners come from gpulab.runner. Where lesson 02 shows a kernel, the part
+asks for a variant of it (config.py and each module's docstring say which); hints.py holds each
+part's hints, three levels each, for gpulab.hint("lab1", part).
+Taught in: lessons/02_cuda_with_numba.ipynb (Parts 1-5, 7, 8; 6's occupancy),
+lessons/01_gpu_architecture.ipynb (6's waves)
 """
 
 from gpulab.checks.lab1.block_sum import (
@@ -53,7 +56,10 @@ from gpulab.checks.lab1.transpose import check_transpose, check_transpose_techni
 from gpulab.checks.lab1.waves import check_waves, expected_waves
 from gpulab.checks.table import Answer, Assignment, Check, part
 
-WAVES_SETTING = {"gpu": "A100", "n_blocks": 1000, "blocks_per_sm": 4}  # the notebook's Part 6
+# The notebook's Part 6: a kernel of one thread per element, 48 registers per thread and
+# 4 KB + 32 B per thread of shared memory per block, on an L4 (1536 threads, 24 blocks per SM).
+WAVES_SETTING = {"gpu": "L4", "n": 1_000_000, "regs_per_thread": 48, "smem_per_block": 4096,
+                 "smem_per_thread": 32, "max_threads_per_sm": 1536, "max_blocks_per_sm": 24}
 
 ASSIGNMENT = Assignment("lab1_cuda_kernels", (
     part("saxpy", 2, Check("check_saxpy", ("saxpy",), {"sizes": [2048, 5000]})),
@@ -67,8 +73,8 @@ ASSIGNMENT = Assignment("lab1_cuda_kernels", (
     part("matmul_tiled_technique", 2, Check("check_matmul_tiled_technique", ("matmul_tiled",))),
     part("histogram", 2, Check("check_histogram", ("histogram",), {"sizes": [1000, 4096]})),
     part("histogram_technique", 1, Check("check_histogram_technique", ("histogram",))),
-    part("waves", 2, Check("check_waves", ("n_waves", "tail_utilization", "utilization"),
-                           {"want": Answer("lab1.waves")})),
+    part("waves", 2, Check("check_waves", ("threads_per_block", "blocks", "blocks_per_sm",
+                                            "n_waves"), {"want": Answer("lab1.waves")})),
     part("stencil", 2, Check("check_stencil", ("stencil",), {"sizes": [256, 1000]})),
     part("stencil_technique", 1, Check("check_stencil_technique", ("stencil",))),
     part("block_scan", 2, Check("check_block_scan", ("block_scan",), {"sizes": [256, 1000]})),

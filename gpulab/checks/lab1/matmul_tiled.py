@@ -1,5 +1,10 @@
-"""Lab 1, Part 4: tiled matmul with a bias epilogue (check_matmul_tiled, check_matmul_tiled_races,
-and check_matmul_tiled_technique: the tiles come from shared memory).
+"""Lab 1, Part 4: tiled matmul with a bias epilogue, two outputs per thread (check_matmul_tiled,
+check_matmul_tiled_races, and check_matmul_tiled_technique: the tiles come from shared memory).
+
+A block of (TILE, TILE // 2) threads computes a TILE x TILE tile of c: every thread computes
+OUTPUTS_PER_THREAD elements of c, so each value it reads from a shared tile serves more than one
+output (register tiling, the step after lesson 02's matmul_kernel_v2, which computes one output
+per thread on (TILE, TILE) blocks: retyped, it leaves half of c unwritten).
 Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
@@ -12,10 +17,11 @@ import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, check_races, launch
 from gpulab.checks.harness.owned import require_own_kernel
 from gpulab.checks.harness.technique import measured_speedup, trace_kernel
-from gpulab.checks.lab1.config import (
-    TILE,
-)
+from gpulab.checks.lab1.config import OUTPUTS_PER_THREAD, TILE
 from gpulab.kernels.common import ceil_div
+
+THREADS = (TILE, TILE // OUTPUTS_PER_THREAD)  # (x, y): a block computes a TILE x TILE tile of c
+HINT = 'gpulab.hint("lab1", "matmul_tiled")'
 
 
 def _matmul_inputs(shape, rng):
@@ -28,7 +34,8 @@ def _matmul_inputs(shape, rng):
 
 def check_matmul_tiled(kernel, shapes=((8, 16, 8), (13, 21, 10)), seed=0):
     """matmul_tiled(c, a, b, bias): c = a @ b + bias for (M, K) @ (K, N), bias of length N;
-    blocks of (TILE, TILE) threads, x along c's columns, y along its rows."""
+    blocks of THREADS = (TILE, TILE // 2) threads, one per TILE x TILE tile of c, x along c's
+    columns, y along its rows."""
     require_own_kernel(kernel, "matmul_tiled")
     rng = np.random.default_rng(seed)
     for m, k, n in shapes:
@@ -37,7 +44,7 @@ def check_matmul_tiled(kernel, shapes=((8, 16, 8), (13, 21, 10)), seed=0):
         c = GuardedOutput((m, n), np.float32, np.nan)
         product = a.astype(np.float64) @ b.astype(np.float64)
         want = product + bias
-        launch(kernel, "matmul_tiled", blocks, (TILE, TILE), c.view, cuda.to_device(a),
+        launch(kernel, "matmul_tiled", blocks, THREADS, c.view, cuda.to_device(a),
                cuda.to_device(b), cuda.to_device(bias), case=case)
         got = c.result("matmul_tiled", case)
         bad = bad_indices(got, want, rtol=1e-3, atol=1e-3)
@@ -47,27 +54,31 @@ def check_matmul_tiled(kernel, shapes=((8, 16, 8), (13, 21, 10)), seed=0):
         n_tiles = ceil_div(k, TILE)
         # Rows and columns of c in a partial tile (the last one, when M or N is not a multiple).
         edge_row, edge_col = bad[:, 0] >= m // TILE * TILE, bad[:, 1] >= n // TILE * TILE
-        if np.isnan(got[i, j]):
-            hint = ("It was never written. `col, row = cuda.grid(2)` (x first); guard only the "
-                    "final store with `row < M and col < N`: every thread must reach every "
-                    "cuda.syncthreads(), so none may return early.")
+        unwritten_rows = int(np.isnan(got).all(axis=1).sum())
+        if m >= TILE and unwritten_rows >= m // 2:
+            hint = (f"{unwritten_rows} of c's {m} rows were never written: a block has "
+                    f"{THREADS[1]} rows of threads for a tile of {TILE} rows of c, so each "
+                    f"thread computes {OUTPUTS_PER_THREAD} outputs, and loads its share of "
+                    "both shared tiles.")
+        elif np.isnan(got[i, j]):
+            hint = ("It was never written. Guard only the final stores against M and N: every "
+                    "thread must reach every cuda.syncthreads(), so none may return early.")
         elif np.allclose(got, product, rtol=1e-3, atol=1e-3):
-            hint = "That is a @ b without the bias: add bias[col] to the sum."
+            hint = "That is a @ b without the bias: add bias[col] to each output."
         elif n_tiles > 1 and np.allclose(got, product + n_tiles * bias, rtol=1e-3, atol=1e-3):
             hint = "The bias was added once per tile: add it once, after the loop over tiles."
         elif (edge_row | edge_col).all():
             hint = ("Only the edge tiles are wrong: where a tile sticks out of a or b, its "
-                    "threads must still load, 0.0 outside the matrices (a[row, k] only if "
-                    "row < M and k < K; b[k, col] only if k < K and col < N), so no thread "
-                    "may return early and the padding adds nothing.")
+                    "threads must still load, 0.0 outside the matrices, so that no thread "
+                    "returns early and the padding adds nothing.")
         else:
-            hint = ("Check the tile index: step t loads a[row, t * TILE + tx] and "
-                    "b[t * TILE + ty, col], and the inner loop adds a_tile[ty, j] * b_tile[j, tx] "
-                    "for j in range(TILE). Both cuda.syncthreads() are needed: after loading, "
-                    "and before the next step overwrites the tiles.")
+            hint = ("Check which tiles each step along K loads: step t stages the t-th TILE-wide "
+                    "slice of a's rows and of b's columns, and each output adds TILE products "
+                    "of a row of a's tile and a column of b's. Both cuda.syncthreads() are "
+                    "needed: after loading, and before the next step overwrites the tiles.")
         raise AssertionError(
-            f"matmul_tiled ({case}): c[{i}, {j}] is {got[i, j]:.4f}, expected {want[i, j]:.4f}. "
-            f"{len(bad)} of {got.size} elements are wrong. {hint}")
+            f"{hint} (matmul_tiled, {case}: c[{i}, {j}] is {got[i, j]:.4f}, expected "
+            f"{want[i, j]:.4f}; {len(bad)} of {got.size} elements are wrong. More: {HINT}.)")
 
 
 def check_matmul_tiled_races(kernel, shape=(TILE + 1, TILE + 4, TILE + 2), seed=0):
@@ -75,7 +86,7 @@ def check_matmul_tiled_races(kernel, shape=(TILE + 1, TILE + 4, TILE + 2), seed=
     require_own_kernel(kernel, "matmul_tiled")
     a, b, bias, blocks = _matmul_inputs(shape, np.random.default_rng(seed))
     c = np.zeros((shape[0], shape[2]), dtype=np.float32)
-    check_races(kernel, "matmul_tiled", blocks, (TILE, TILE), c, a, b, bias,
+    check_races(kernel, "matmul_tiled", blocks, THREADS, c, a, b, bias,
                 case=f"a {a.shape} @ b {b.shape}")
 
 
@@ -115,19 +126,18 @@ def check_matmul_tiled_technique(kernel, shape=TECHNIQUE_SHAPE, seed=0):
     m, k, n = shape
     a, b, bias, blocks = _matmul_inputs(shape, np.random.default_rng(seed))
     case = f"a ({m}, {k}) @ b ({k}, {n}), TILE={TILE}"
-    trace = trace_kernel(kernel, "matmul_tiled", blocks, (TILE, TILE),
+    trace = trace_kernel(kernel, "matmul_tiled", blocks, THREADS,
                          np.zeros((m, n), np.float32), a, b, bias, case=case)
     want = tiled_read_bytes(m, k, n)
     for name, line in (("a", "row"), ("b", "column")):
         got = trace.bytes_read_by_array.get(name, 0)
         if got > TILED_SLACK * want[name]:
             raise AssertionError(
-                f"Stage each TILE x TILE tile of `{name}` in shared memory (one element per "
-                f"thread, then cuda.syncthreads()) and read it from there: matmul_tiled ({case}) "
-                f"reads {got / want[name]:.1f}x the global bytes of `{name}` that a TILE={TILE} "
-                f"tiled matmul reads ({got} B against {want[name]} B), so every thread reads a "
-                f"whole {line} of `{name}` from global memory. The values are right; this is "
-                "the technique's part.")
+                f"Stage each TILE x TILE tile of `{name}` in shared memory and read it from "
+                f"there: matmul_tiled ({case}) reads {got / want[name]:.1f}x the global bytes of "
+                f"`{name}` that a TILE={TILE} tiled matmul reads ({got} B against {want[name]} "
+                f"B), so every thread reads a whole {line} of `{name}` from global memory. The "
+                f"values are right; this is the technique's part. More: {HINT}.")
 
 
 def _check_speed(kernel, seed: int) -> None:
@@ -138,7 +148,7 @@ def _check_speed(kernel, seed: int) -> None:
         return (cuda.device_array((m, n), np.float32), cuda.to_device(a), cuda.to_device(b),
                 cuda.to_device(bias))
 
-    ratio = measured_speedup(kernel, _plain_matmul, blocks, (TILE, TILE), blocks, (TILE, TILE),
+    ratio = measured_speedup(kernel, _plain_matmul, blocks, THREADS, blocks, (TILE, TILE),
                              make_args)
     if ratio < GPU_MIN_SPEEDUP:
         raise AssertionError(

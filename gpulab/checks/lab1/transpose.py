@@ -1,5 +1,11 @@
-"""Lab 1, Part 3: a transpose through a padded shared-memory tile (check_transpose, and
-check_transpose_technique: coalesced loads and stores, no bank conflicts).
+"""Lab 1, Part 3: a transpose through a shared-memory tile with no padding (check_transpose, and
+check_transpose_technique: coalesced loads and stores, no bank conflicts, a tile of exactly
+TILE_DIM x TILE_DIM floats).
+
+Lesson 02's transpose_kernel_v3 avoids bank conflicts with a padding column, (TILE, TILE + 1);
+this part allows no padding, so the tile's layout itself must spread a column over the 32 banks
+(a skewed or swizzled layout). Retyped, the lesson's kernel keeps its values and loses the
+technique.
 Taught in: lessons/02_cuda_with_numba.ipynb (section "Coalescing and bank conflicts")
 """
 
@@ -16,6 +22,7 @@ from gpulab.checks.lab1.config import BLOCK_ROWS, TILE_DIM
 from gpulab.kernels.common import ceil_div
 
 THREADS = (TILE_DIM, BLOCK_ROWS)  # (x, y): a block copies a TILE_DIM x TILE_DIM tile
+HINT = 'gpulab.hint("lab1", "transpose")'
 
 
 def transpose_blocks(rows: int, cols: int) -> tuple[int, int]:
@@ -49,29 +56,28 @@ def check_transpose(kernel, shapes=((8, 24), (13, 21)), seed=0):
         elif past_block_rows.any() and unwritten[past_block_rows].all():
             hint = (f"Only the first {BLOCK_ROWS} rows of each tile were written: a block has "
                     f"{BLOCK_ROWS} rows of threads for a tile of {TILE_DIM}, so each thread "
-                    f"copies {TILE_DIM // BLOCK_ROWS} rows, `for j in range(0, TILE_DIM, "
-                    "BLOCK_ROWS)`, when loading and when storing.")
+                    f"copies {TILE_DIM // BLOCK_ROWS} rows, when loading and when storing.")
         elif np.isnan(got[c, r]):
-            hint = ("It was never written. Block (bx, by) loads a's tile at rows by * TILE_DIM "
-                    "and columns bx * TILE_DIM, and writes it to out's tile at rows "
-                    "bx * TILE_DIM and columns by * TILE_DIM: the block indices swap, not only "
-                    "the thread indices. Guard each access by the shape of the array it reads "
-                    "or writes.")
+            hint = ("It was never written. The tile at block (bx, by) of a lands at block "
+                    "(by, bx) of out: the block indices swap, not only the thread indices. "
+                    "Guard each access by the shape of the array it reads or writes.")
         elif rows * cols > 1 and np.array_equal(got, a.reshape(cols, rows)):
             hint = ("out holds a's elements in a's own order (a reshape, not a transpose): "
-                    "write tile[tx, ty + j], the tile's column, to out's row.")
+                    "a row of out is a column of the tile.")
         else:
-            hint = ("Within a tile, store tile[tx, ty + j] (a column of the tile) to out's row: "
-                    "the row of a becomes the column of out.")
+            hint = ("Within a tile the elements are in the wrong places: a thread writes to "
+                    "out's row the tile's column, and if the tile's layout is rearranged "
+                    "(skewed, swizzled), it reads each element from where it was written.")
         raise AssertionError(
-            f"transpose ({case}): out[{c}, {r}] is {got[c, r]:.5f}, expected a[{r}, {c}] = "
-            f"{want[c, r]:.5f}. {len(bad)} of {got.size} elements are wrong. {hint}")
+            f"{hint} (transpose, {case}: out[{c}, {r}] is {got[c, r]:.5f}, expected a[{r}, {c}] "
+            f"= {want[c, r]:.5f}; {len(bad)} of {got.size} elements are wrong. More: {HINT}.)")
 
 
 # ----------------------------------------------------------------------------- technique
 
 TECHNIQUE_SHAPE = (TILE_DIM, 2 * TILE_DIM)  # two whole tiles: every warp request is a full one
 COALESCED = (TILE_DIM * 4) // 32  # sectors a warp's 32 consecutive float32 take: 4
+TILE_BYTES = TILE_DIM * TILE_DIM * 4  # the most shared memory a block may declare: no padding
 GPU_SHAPE, GPU_MIN_SPEEDUP = (4096, 4096), 1.3  # where coalesced stores pay, against _plain
 
 
@@ -87,9 +93,10 @@ def _plain_transpose(out, a):
 
 
 def check_transpose_technique(kernel, shape=TECHNIQUE_SHAPE, seed=0):
-    """Loads and stores coalesced, and the tile padded: on the simulator, at most COALESCED
-    sectors per warp request of a and of out, and no shared-memory request that takes more than
-    one pass (count(trace).worst_bank_conflict); on a GPU, at least GPU_MIN_SPEEDUP x as fast as
+    """Loads and stores coalesced through an unpadded tile without bank conflicts: on the
+    simulator, at most COALESCED sectors per warp request of a and of out, at most TILE_BYTES of
+    shared memory per block, and no shared-memory request that takes more than one pass
+    (count(trace).worst_bank_conflict); on a GPU, at least GPU_MIN_SPEEDUP x as fast as
     _plain_transpose at GPU_SHAPE."""
     from gpulab.sim.cost import count
 
@@ -113,14 +120,21 @@ def check_transpose_technique(kernel, shape=TECHNIQUE_SHAPE, seed=0):
                 f"copied by consecutive threads: transpose ({case}) {what} `{name}` with "
                 f"{per_request:.1f} sectors of 32 B per warp request, where coalesced {what} "
                 f"take {COALESCED}. The 32 threads of a warp each touch an element a whole row "
-                f"of `{name}` apart, so every element costs a sector of its own. " + values_right)
+                f"of `{name}` apart, so every element costs a sector of its own. " + values_right
+                + f" More: {HINT}.")
+    if counters.shared_bytes_per_block > TILE_BYTES:
+        raise AssertionError(
+            f"Keep the tile at TILE_DIM x TILE_DIM floats, no padding: transpose ({case}) "
+            f"declares {counters.shared_bytes_per_block} B of shared memory per block, and this "
+            f"part allows {TILE_BYTES} B. Padding is lesson 02's fix; here the tile's layout "
+            f"must spread a column over the 32 banks instead. {values_right} More: {HINT}.")
     if counters.worst_bank_conflict > 1:
         raise AssertionError(
-            f"Pad the tile: cuda.shared.array((TILE_DIM, TILE_DIM + 1), float32). In transpose "
-            f"({case}) one warp's access to the tile took {counters.worst_bank_conflict} passes "
-            f"(a {counters.worst_bank_conflict}-way bank conflict): the {TILE_DIM} words of a "
-            f"column of a {TILE_DIM}-wide float32 tile all sit in one of the 32 banks, and one "
-            "more column of padding spreads them over all 32. " + values_right)
+            f"Lay the tile out so that a column spans all 32 banks: in transpose ({case}) one "
+            f"warp's access to the tile took {counters.worst_bank_conflict} passes (a "
+            f"{counters.worst_bank_conflict}-way bank conflict). Word w of shared memory sits "
+            f"in bank w % 32, and the {TILE_DIM} words of a column of a row-major "
+            f"{TILE_DIM}-wide float32 tile all sit in one bank. {values_right} More: {HINT}.")
 
 
 def _check_speed(kernel) -> None:
