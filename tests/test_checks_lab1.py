@@ -779,6 +779,13 @@ def test_waves_names_the_limit_that_binds():
         lab1.check_waves(64, 15625, 24, 12, want=WAVES_WANT)
 
 
+def test_waves_refuses_a_block_size_that_cannot_fit_on_an_sm():
+    heavy = lab1_waves.expected_waves(**{**lab1.WAVES_SETTING, "regs_per_thread": 128})
+    with pytest.raises(AssertionError, match=r"^A block of 1024 threads cannot run on an L4 at "
+                                             r"all: its registers allow 0 blocks per SM"):
+        lab1.check_waves(1024, 977, 1, 1, want=heavy)
+
+
 def test_waves_explains_wrong_plan_numbers():
     with pytest.raises(AssertionError, match=r"^One thread per element: blocks is 3906, expected "
                                              r"3907"):

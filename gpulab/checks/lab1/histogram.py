@@ -19,6 +19,8 @@ from gpulab.checks.lab1.config import (
 )
 from gpulab.kernels.histogram import histogram_reference
 
+HINT = 'gpulab.hint("lab1", "histogram")'
+
 
 def _histogram_input(n, rng, skewed):
     """Values in [0, bins * width + width): most land in a bin, some past the last one."""
@@ -60,8 +62,8 @@ def check_histogram(kernel, sizes=(1000, 4096), seed=0, skewed=False):
             hint = ("Some values were counted more than once: each thread steps by "
                     "cuda.gridsize(1), so every value is visited exactly once.")
         raise AssertionError(
-            f"histogram ({case}, bin_width={HISTOGRAM_WIDTH}): counts[{v}] is {got[v]}, "
-            f"expected {want[v]} (total {got.sum()}, expected {want.sum()}). {hint}")
+            f"{hint} (histogram, {case}, bin_width={HISTOGRAM_WIDTH}: counts[{v}] is {got[v]}, "
+            f"expected {want[v]}; total {got.sum()}, expected {want.sum()}. More: {HINT}.)")
 
 
 def check_histogram_races(kernel, n=100, seed=0):
@@ -107,12 +109,11 @@ def check_histogram_technique(kernel, n=TECHNIQUE_SIZE, seed=0):
     block, most = max(per_block.items(), key=lambda item: item[1], default=(0, 0))
     if most > HISTOGRAM_BINS:
         raise AssertionError(
-            f"Count into a shared-memory copy of the bins (zero it, cuda.syncthreads(), "
-            f"cuda.atomic.add on the copy, cuda.syncthreads()), then add each bin to counts "
-            f"once: histogram ({case}) made {sum(per_block.values())} global atomic adds for "
-            f"{n} values, {most} of them in block {block}, where a privatized histogram makes "
-            f"at most {HISTOGRAM_BINS} per block. The values are right; this is the "
-            "technique's part.")
+            f"Count into a shared-memory copy of the bins, then add each bin to counts once: "
+            f"histogram ({case}) made {sum(per_block.values())} global atomic adds for {n} "
+            f"values, {most} of them in block {block}, where a privatized histogram makes at "
+            f"most {HISTOGRAM_BINS} per block. The values are right; this is the technique's "
+            f"part. More: {HINT}.")
 
 
 def _check_speed(kernel, blocks: int, tpb: int) -> None:

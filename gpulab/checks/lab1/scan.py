@@ -22,6 +22,7 @@ from gpulab.checks.lab1.config import SCAN_THREADS
 from gpulab.kernels.common import ceil_div
 
 GPU_SIZE, GPU_MIN_SPEEDUP = 1 << 22, 2.0  # against _serial_block_scan
+HINT = 'gpulab.hint("lab1", "block_scan")'
 
 
 def block_scan_reference(x: np.ndarray, threads: int = SCAN_THREADS) -> np.ndarray:
@@ -60,12 +61,13 @@ def check_block_scan(kernel, sizes=(256, 1000), seed=0):
                         atol=1e-3):
             hint = "That is a scan of the whole array: each block starts again at its own start."
         else:
-            hint = ("At each step read the value t - offset BEFORE any thread writes: read into a "
-                    "register, cuda.syncthreads(), then write, cuda.syncthreads(); offsets 1, 2, "
-                    "4, ... below THREADS.")
+            hint = ("A step's reads and writes got mixed: every thread reads the partial sum it "
+                    "adds before any thread of the block overwrites it (a barrier between the "
+                    "reads and the writes, and another before the next step), and the distance "
+                    "doubles each step, from 1 to THREADS / 2.")
         raise AssertionError(
-            f"block_scan ({case}): out[{i}] is {got[i]:.4f}, expected {want[i]:.4f} (the sum of "
-            f"x[{start}:{i + 1}]). {len(bad)} of {n} outputs are wrong. {hint}")
+            f"{hint} (block_scan, {case}: out[{i}] is {got[i]:.4f}, expected {want[i]:.4f}, the "
+            f"sum of x[{start}:{i + 1}]; {len(bad)} of {n} outputs are wrong. More: {HINT}.)")
 
 
 def check_block_scan_races(kernel, n=2 * SCAN_THREADS - 5, seed=0):
@@ -104,8 +106,8 @@ def check_block_scan_technique(kernel, n=2 * SCAN_THREADS, seed=0):
     trace = trace_kernel(kernel, "block_scan", blocks, tpb, np.zeros(n, np.float32), x,
                          case=case)
     require_tree(trace, "block_scan", case, tpb, reads_per_step=4,
-                 hint="Scan in log2(THREADS) steps: at step d every thread t >= 2**d adds "
-                      "the value 2**d places before it")
+                 hint="Scan in log2(THREADS) steps across the block's threads, the distance "
+                      "doubling each step")
 
 
 def _check_speed(kernel) -> None:

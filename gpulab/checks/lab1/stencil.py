@@ -21,6 +21,7 @@ from gpulab.checks.lab1.config import RADIUS, STENCIL_THREADS
 from gpulab.kernels.common import ceil_div
 
 TAPS = 2 * RADIUS + 1
+HINT = 'gpulab.hint("lab1", "stencil")'
 HALO_SLACK = 1.25  # over the formula: a kernel may load a little more at the array's ends
 GPU_SIZE, GPU_MIN_SPEEDUP = 1 << 24, 1.1  # against _plain_stencil (its taps hit the L1 cache)
 
@@ -59,16 +60,16 @@ def check_stencil(kernel, sizes=(256, 1000), seed=0):
         if np.isnan(got[i]):
             hint = "It was never written: every thread with i < n writes out[i]."
         elif len(edges) == len(bad):
-            hint = ("Only outputs within RADIUS of a block's edge are wrong: the halo. Threads "
-                    f"t < RADIUS also load x[i - RADIUS] into the tile's first {RADIUS} cells, "
-                    f"and threads t >= THREADS - RADIUS load x[i + RADIUS] into its last "
-                    f"{RADIUS}, 0.0 where the index is outside x.")
+            hint = ("Only outputs within RADIUS of a block's edge are wrong: the halo, the "
+                    f"{RADIUS} inputs past each end of the block's own, was not loaded, or not "
+                    "where the taps read it (0.0 where it falls outside x).")
         else:
-            hint = (f"Check the taps: out[i] adds w[j] * tile[t + j] for j in range({TAPS}), "
-                    "where tile[t + RADIUS] holds x[i]; cuda.syncthreads() after loading.")
+            hint = (f"Check the taps: out[i] weights x[i - RADIUS] by w[0], and so on up to "
+                    f"x[i + RADIUS] by w[{TAPS - 1}], each read where the tile holds it, after a "
+                    "cuda.syncthreads() that follows every load.")
         raise AssertionError(
-            f"stencil ({case}): out[{i}] is {got[i]:.5f}, expected {want[i]:.5f}. {len(bad)} of "
-            f"{n} outputs are wrong. {hint}")
+            f"{hint} (stencil, {case}: out[{i}] is {got[i]:.5f}, expected {want[i]:.5f}; "
+            f"{len(bad)} of {n} outputs are wrong. More: {HINT}.)")
 
 
 def check_stencil_races(kernel, n=2 * STENCIL_THREADS - 5, seed=0):
@@ -120,7 +121,7 @@ def check_stencil_technique(kernel, n=2 * STENCIL_THREADS, seed=0):
             f"then read the taps from there: stencil ({case}) reads {got / want:.1f}x the global "
             f"bytes of x that a stencil with its halo in shared memory reads ({got} B against "
             f"{want} B), so every thread reads its {TAPS} taps from global memory. The values "
-            "are right; this is the technique's part.")
+            f"are right; this is the technique's part. More: {HINT}.")
 
 
 def _check_speed(kernel) -> None:
