@@ -128,21 +128,24 @@ class Counters:
 
 def count(trace) -> Counters:
     """The Counters of a Trace (gpulab.sim.run_traced)."""
-    nth = Counter()  # (block, thread, epoch, line, array, kind) -> executions so far
-    requests = defaultdict(set)  # (block, warp, epoch, line, array, kind, n) -> flat indices
+    # A warp request is one dynamic instruction of a warp: the same line and loop turns
+    # (`path`, see loops.py), in the same barrier interval; the n-th such access of a thread
+    # tells apart the accesses one instruction makes more than once (a slice, a generator).
+    nth = Counter()  # (block, thread, epoch, line, path, array, kind) -> executions so far
+    requests = defaultdict(set)  # (block, warp, epoch, line, path, array, kind, n) -> flats
     barriers = defaultdict(int)
     chain = Counter()  # (array, flat) -> global atomic updates
-    for block, thread, aid, flat, kind, epoch, _, line, _ in trace.records:
-        site = (block, thread, epoch, line, aid, kind)
+    for block, thread, aid, flat, kind, epoch, _, line, _, path in trace.records:
+        site = (block, thread, epoch, line, path, aid, kind)
         n = nth[site]
         nth[site] = n + 1
-        requests[block, thread // WARP_SIZE, epoch, line, aid, kind, n].add(flat)
+        requests[block, thread // WARP_SIZE, epoch, line, path, aid, kind, n].add(flat)
         barriers[block] = max(barriers[block], epoch)
         if kind == ATOMIC_K and trace.arrays[aid].space == "global":
             chain[aid, flat] += 1
     totals = Counter()
     worst = 1
-    for (_, _, _, _, aid, kind, _), flats in requests.items():
+    for (_, _, _, _, _, aid, kind, _), flats in requests.items():
         info = trace.arrays[aid]
         if info.space == "global":
             sectors = len({flat * info.itemsize // SECTOR_BYTES for flat in flats})

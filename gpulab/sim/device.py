@@ -197,9 +197,10 @@ def _device_function(obj):
 
 
 @contextmanager
-def swapped_cuda(fn, fake_module):
+def swapped_cuda(fn, fake_module, copy=None):
     """Inside: `cuda` means `fake_module` in `fn` and in every device function it calls
-    (module globals and closure cells), and device functions are their plain Python selves.
+    (module globals and closure cells), and device functions are their plain Python selves,
+    or `copy(function)` of them when given (loops.LoopTurns.instrumented).
 
     Like the simulator's `swapped_cuda_module`, but it follows device functions itself, so it
     works where numba.cuda is the real driver (whose device functions Python cannot call)."""
@@ -213,7 +214,8 @@ def swapped_cuda(fn, fake_module):
     def replacement(value):
         if value is real_cuda:
             return fake_module
-        return _device_function(value)
+        device_fn = _device_function(value)
+        return copy(device_fn) if copy is not None and device_fn is not None else device_fn
 
     def visit(f):
         if id(f) in seen_fns:

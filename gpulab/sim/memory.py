@@ -7,11 +7,12 @@ the simulator would do with the underlying NumPy array, so the kernel computes t
 A raw record is a plain tuple, cheap to append in the hot path; trace.py turns records into
 `Access` values only when someone looks at them:
 
-    (block_lin, thread_lin, array_id, flat, kind, epoch, ordinal, line, code_object)
+    (block_lin, thread_lin, array_id, flat, kind, epoch, ordinal, line, code_object, path)
 
 `flat` is the element's C-order position in the array's own shape, `ordinal` the access's
 position among this thread's accesses since its last barrier (races.py uses it to tell which
-of two racing accesses the program means to come first).
+of two racing accesses the program means to come first), `path` the instruction and the turn
+of each loop around it (loops.py: what lines up the accesses of a warp's threads).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Recorder:
         self.records: list[tuple] = []
         self.arrays: list[ArrayInfo] = []
         self.current = None  # the running KernelThread: block_lin, thread_lin, epoch, ordinal
+        self.loops = None  # the launch's loops.LoopTurns: each access's path
         self.aborted = False
 
     def add_array(self, name: str, space: str, shape, dtype) -> int:
@@ -149,7 +151,8 @@ class TracedArray:
             raise Aborted
         t = rec.current
         rec.records.append((t.block_lin, t.thread_lin, self._aid, flat, kind, t.epoch,
-                            t.ordinal, frame.f_lineno, frame.f_code))
+                            t.ordinal, frame.f_lineno, frame.f_code,
+                            rec.loops.path_of(frame, t.turns) if rec.loops else None))
         t.ordinal += 1
         t.budget -= 1
         if t.budget <= 0:  # a long run without a barrier: let the others have a turn

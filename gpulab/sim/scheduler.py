@@ -56,6 +56,7 @@ class KernelThread(threading.Thread):
         self.thread_id = thread_lin  # the simulator's name (cuda.laneid uses it)
         self.epoch = 0  # barriers passed
         self.ordinal = 0  # accesses since the last barrier
+        self.turns: dict[int, int] = {}  # loop id -> turns so far (loops.py)
         self.budget = QUANTUM  # accesses left before it pauses for the others
         self.state = NEW
         self.site = None  # (line, file) of the barrier it waits at

@@ -24,6 +24,7 @@ from functools import cached_property
 import numpy as np
 
 from gpulab.sim.device import TracedCudaModule, python_function, require_simulator, swapped_cuda
+from gpulab.sim.loops import LoopTurns
 from gpulab.sim.memory import ATOMIC_K, KIND_NAMES, READ_K, WRITE_K, ArrayInfo, TracedArray
 from gpulab.sim.records import Access
 from gpulab.sim.scheduler import Launch
@@ -59,11 +60,13 @@ def run_traced(kernel, blocks, threads_per_block, *args, shared_bytes: int = 0,
     launch = Launch(blocks, threads_per_block, timeout_s)
     traced, write_back = _device_args(fn, args, launch)
     module = TracedCudaModule(launch, launch.block3, launch.thread3, shared_bytes)
+    loops = launch.recorder.loops = LoopTurns(launch.recorder)
+    run = loops.instrumented(fn)  # a copy that says which turn of a loop it is on
 
     def target():
-        fn(*traced)
+        run(*traced)
 
-    with swapped_cuda(fn, module), _simulator_context(module):
+    with swapped_cuda(fn, module, loops.instrumented), _simulator_context(module):
         for lin, block in enumerate(Launch.coords(launch.block3, len(blocks))):
             launch.run_block(target, block, lin, module.shared.new_block)
     for copy_back in write_back:
@@ -164,7 +167,7 @@ class Trace:
 
     def access(self, record: tuple) -> Access:
         """The Access of one raw record."""
-        blk, thr, aid, flat, kind, epoch, _, line, code = record
+        blk, thr, aid, flat, kind, epoch, _, line, code, _ = record
         info = self.arrays[aid]
         index = []
         for n in reversed(info.shape):  # unravel the C-order position
