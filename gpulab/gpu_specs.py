@@ -56,6 +56,9 @@ class GPUSpec:
     tdp_w: int  # board power limit, W
     datasheet: str  # the document the numbers come from
     aliases: tuple[str, ...] = ()  # other names to look it up by, e.g. torch's device name
+    # L2 read bandwidth, GB/s, where NVIDIA publishes it (bytes per clock x the boost clock);
+    # None elsewhere, and gpulab.sim.cost uses a stated ratio to the DRAM bandwidth instead.
+    l2_gbps: float | None = None
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense peak TFLOP/s (int8: TOPS) for `dtype`; ValueError when the GPU lacks it."""
@@ -86,6 +89,11 @@ _GB102_WP = "NVIDIA Ampere GA102 GPU architecture whitepaper"
 _ADA_WP = "NVIDIA Ada GPU architecture whitepaper"
 _H100_DS = "NVIDIA H100 Tensor Core GPU datasheet"
 _A100_DS = "NVIDIA A100 Tensor Core GPU datasheet"
+# L2 read bandwidth per clock, from the NVIDIA A100 Tensor Core GPU Architecture whitepaper
+# ("2.3x the L2 cache read bandwidth of V100"): 5120 B/clk on A100, 2048 B/clk on V100, times
+# each one's boost clock (1410 and 1530 MHz). NVIDIA publishes no such figure for the others.
+_A100_L2_GBPS = 5120 * 1.410
+_V100_L2_GBPS = 2048 * 1.530
 
 GPUS: tuple[GPUSpec, ...] = (
     # NVIDIA T4 Tensor Core GPU datasheet (fp16 "mixed precision" 65 TFLOPS, int8 130 TOPS).
@@ -122,19 +130,20 @@ GPUS: tuple[GPUSpec, ...] = (
             l1_smem_per_sm_kb=128, registers_per_sm_kb=256, fp32=15.7, tf32=None, fp16=125,
             bf16=None, fp8=None, int8=None, tensor_cores=640, interconnect_gbps=300, pcie_gen=3,
             tdp_w=300, datasheet="NVIDIA Tesla V100 GPU datasheet",
-            aliases=("V100", "V100 SXM2", "Tesla V100-SXM2-32GB")),
+            aliases=("V100", "V100 SXM2", "Tesla V100-SXM2-32GB"), l2_gbps=_V100_L2_GBPS),
     # NVIDIA A100 Tensor Core GPU datasheet, 40GB SXM column.
     GPUSpec("A100 40GB SXM", "NVIDIA", "Ampere", (8, 0), "datacenter", sms=108, memory_gb=40,
             memory_type="HBM2", bandwidth_gbps=1555, l2_mb=40, smem_per_sm_kb=164,
             l1_smem_per_sm_kb=192, registers_per_sm_kb=256, fp32=19.5, tf32=156, fp16=312,
             bf16=312, fp8=None, int8=624, tensor_cores=432, interconnect_gbps=600, pcie_gen=4,
-            tdp_w=400, datasheet=_A100_DS, aliases=("A100", "A100-SXM4-40GB")),
+            tdp_w=400, datasheet=_A100_DS, aliases=("A100", "A100-SXM4-40GB"),
+            l2_gbps=_A100_L2_GBPS),
     # NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column.
     GPUSpec("A100 80GB SXM", "NVIDIA", "Ampere", (8, 0), "datacenter", sms=108, memory_gb=80,
             memory_type="HBM2e", bandwidth_gbps=2039, l2_mb=40, smem_per_sm_kb=164,
             l1_smem_per_sm_kb=192, registers_per_sm_kb=256, fp32=19.5, tf32=156, fp16=312,
             bf16=312, fp8=None, int8=624, tensor_cores=432, interconnect_gbps=600, pcie_gen=4,
-            tdp_w=400, datasheet=_A100_DS, aliases=("A100-SXM4-80GB",)),
+            tdp_w=400, datasheet=_A100_DS, aliases=("A100-SXM4-80GB",), l2_gbps=_A100_L2_GBPS),
     # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (halves of the sparse figures).
     GPUSpec("H100 SXM", "NVIDIA", "Hopper", (9, 0), "datacenter", sms=132, memory_gb=80,
             memory_type="HBM3", bandwidth_gbps=3350, l2_mb=50, smem_per_sm_kb=228,

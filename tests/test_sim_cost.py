@@ -1,12 +1,14 @@
 """The kernel cost model (gpulab/sim/cost.py): counters checked against counts worked out by
 hand on small kernels, and modeled times that order kernels the way a GPU does."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
-from numba import cuda
+from numba import cuda, float32
 
+from gpulab.hardware import get_gpu
 from gpulab.kernels.histogram import histogram_kernel_v1, histogram_kernel_v2
 from gpulab.kernels.matmul import TILE as MATMUL_TILE
 from gpulab.kernels.matmul import matmul_flops, matmul_kernel_v1, matmul_kernel_v2
@@ -22,19 +24,42 @@ from gpulab.kernels.vector_add import vector_add_kernel_v1
 from gpulab.sim import run_traced
 from gpulab.sim.cost import (
     BARRIER_CYCLES,
+    L2_OVER_DRAM,
     SECTOR_BYTES,
     Counters,
     blocks_per_sm,
     clock_hz,
     count,
+    l2_gbps,
     model_time,
 )
+from gpulab.sim.scaling import extrapolated
 
 
 @cuda.jit
 def strided_read(out, x):
     i = cuda.grid(1)
     out[i] = x[i * 8]
+
+
+@cuda.jit
+def row_sums(out, x):
+    """Block b sums row b of x in turns of 32 columns, a barrier after each turn."""
+    t, b = cuda.threadIdx.x, cuda.blockIdx.x
+    acc = float32(0.0)
+    for k in range(x.shape[1] // 32):
+        acc += x[b, k * 32 + t]
+        cuda.syncthreads()
+    out[b, t] = acc
+
+
+@cuda.jit
+def reread(out, x):
+    t = cuda.threadIdx.x
+    acc = float32(0.0)
+    for _ in range(4):  # the same 32 floats, four times
+        acc += x[t]
+    out[t] = acc
 
 
 def counters(kernel, blocks, threads, *args) -> Counters:
@@ -120,7 +145,58 @@ def test_scaling_grows_the_totals_and_keeps_what_each_block_does():
     assert big.coalescing == c.coalescing
 
 
+def test_dram_moves_each_blocks_sectors_once_and_l2_every_requests():
+    c = counters(reread, 2, 32, np.zeros(64, np.float32), np.ones(32, np.float32))
+    assert c.global_load_sectors == 2 * 4 * 4  # 2 blocks x 4 turns x 4 sectors, through L2
+    assert c.dram_sectors == 2 * (4 + 4)  # each block reads x's 4 sectors, writes 4 of out
+    assert c.dram_bytes == 16 * SECTOR_BYTES
+    strided = counters(strided_read, 1, 32, np.zeros(32, np.float32), np.zeros(256, np.float32))
+    assert strided.dram_sectors == strided.global_sectors == 36  # nothing to reuse
+
+
+def test_two_loop_lengths_extrapolate_exactly_where_one_factor_overcounts():
+    def traced(turns):
+        return counters(row_sums, 2, 32, np.zeros((2, 32), np.float32),
+                        np.ones((2, 32 * turns), np.float32))
+
+    short, long, direct = traced(2), traced(4), traced(12)
+    line = extrapolated(short, long, turns=(2, 4), to_turns=12, grid=1)
+    assert line == direct  # per block: 1 store, and 1 load and 1 barrier per turn
+    shape = short.scaled(grid=1, loop=6)
+    assert shape.global_load_requests == direct.global_load_requests
+    assert shape.barriers_per_block == direct.barriers_per_block == 12
+    assert shape.global_store_requests == 6 * direct.global_store_requests  # the fixed part
+    bigger = extrapolated(short, long, turns=(2, 4), to_turns=12, grid=50)
+    assert (bigger.blocks, bigger.global_load_sectors) == (100, 50 * direct.global_load_sectors)
+    assert bigger.barriers_per_block == 12
+
+
+def test_one_factor_scaling_keeps_its_meaning():
+    c = transposes(64)["v3"]
+    assert c.scaled(16) == c.scaled(grid=16) == c.scaled(grid=16, loop=1)
+    with pytest.raises(ValueError, match="two loop lengths"):
+        extrapolated(c, c, turns=(1, 1), to_turns=4)
+
+
 # ----------------------------------------------------------------------------- the model
+
+
+def test_l2_bandwidth_is_published_where_nvidia_gives_it_else_a_stated_ratio():
+    assert l2_gbps("V100") == pytest.approx(2048 * 1.53)  # bytes per clock x boost clock
+    assert l2_gbps("A100 80GB SXM") == pytest.approx(5120 * 1.41)
+    assert l2_gbps("H100 SXM") == pytest.approx(L2_OVER_DRAM * 3350)
+    assert L2_OVER_DRAM <= min(l2_gbps(g) / get_gpu(g).bandwidth_gbps
+                               for g in ("V100", "A100", "A100 80GB SXM")) + 0.05
+
+
+def test_resident_threads_per_sm_follow_the_compute_capability():
+    c = Counters(84, 1024, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert blocks_per_sm(c, "H100 SXM") == 2  # 2048 threads on 9.0
+    assert blocks_per_sm(c, "RTX A6000") == 1  # 1536 on 8.6
+    assert blocks_per_sm(c, "T4") == 1  # 1024 on 7.5
+    small = dataclasses.replace(c, threads_per_block=32)
+    assert blocks_per_sm(small, "RTX A6000") == 16 and blocks_per_sm(small, "L4") == 24
+
 
 
 def test_the_clock_comes_from_the_fp32_rate_and_the_lanes_per_sm():
@@ -142,7 +218,8 @@ def test_each_term_is_the_formula_of_the_docstring():
     t = model_time(c, "H100 SXM", flops=1e6)
     clock = clock_hz("H100 SXM")
     assert blocks_per_sm(c, "H100 SXM") == 8 and t.utilization == 1.0
-    assert t.dram_s == pytest.approx(4000 * 32 / 3.35e12, rel=0.01)
+    assert t.dram_s == pytest.approx(4000 * 32 / 3.35e12, rel=0.01)  # no dram_sectors: all
+    assert t.l2_s == pytest.approx(4000 * 32 / (L2_OVER_DRAM * 3.35e12), rel=0.01)
     assert t.compute_s == pytest.approx(1e6 / 66.9e12, rel=0.01)
     assert t.shared_s == pytest.approx(200 / (132 * clock))
     assert t.atomic_s == pytest.approx(10 / clock)
@@ -165,17 +242,25 @@ def test_a_grid_that_fills_a_quarter_of_the_slots_takes_four_times_as_long():
 def test_at_full_size_the_optimized_kernels_model_faster():
     """Where the simulator's wall time says the opposite: these are the Lesson 02 pairs."""
     t = {k: model_time(c.scaled((8192 / 64) ** 2), "H100 SXM") for k, c in transposes().items()}
-    assert t["v1"].time_s > t["v2"].time_s > t["v3"].time_s
-    assert t["v1"].bound == "memory" and t["v2"].bound == "shared memory"
+    assert t["v3"].time_s < min(t["v1"].time_s, t["v2"].time_s)
+    # naive: its column stores move 8x the sectors through L2, though DRAM moves each block's
+    # sectors once; unpadded: 32 passes per column read of the tile
+    assert (t["v1"].bound, t["v2"].bound, t["v3"].bound) == ("L2 cache", "shared memory",
+                                                             "memory")
     n = 2 * MATMUL_TILE
     a, b = np.ones((n, n), np.float32), np.ones((n, n), np.float32)
-    work = (4096 / n) ** 3  # blocks grow with n^2, each block's loop with n
     flops = matmul_flops(4096, 4096, 4096)
     naive, tiled = (model_time(counters(k, (2, 2), (MATMUL_TILE, MATMUL_TILE),
-                                        np.zeros((n, n), np.float32), a, b).scaled(work),
+                                        np.zeros((n, n), np.float32), a, b)
+                               .scaled(grid=(4096 / n) ** 2, loop=4096 / n),  # blocks, K loop
                                "H100 SXM", flops=flops)
                     for k in (matmul_kernel_v1, matmul_kernel_v2))
-    assert naive.time_s > 2 * tiled.time_s
+    # Both read each block's rows of A and columns of B from DRAM once; the naive one sends
+    # TILE times the sectors through L2, the tiled one is held back by shared memory: about
+    # the 1.35-1.5x that published measurements give for this step, not TILE x.
+    assert (naive.bound, tiled.bound) == ("L2 cache", "shared memory")
+    assert naive.dram_s == tiled.dram_s
+    assert 1.2 < naive.time_s / tiled.time_s < 2
 
 
 def test_the_report_scales_each_run_and_says_which_side_of_the_ridge_it_is():

@@ -6,13 +6,13 @@ checks, and pictures, built on Numba's CUDA simulator.
     trace.global_bytes_read, trace.bytes_by_array, trace.accesses  # what it moved
     trace.races, trace.barrier_errors                              # what it got wrong
     check_no_races(kernel, blocks, threads_per_block, *args)       # raises RaceError
-    model_time(count(trace).scaled(work), "H100 SXM", flops=...)    # a modeled time on a GPU
+    model_time(count(trace).scaled(grid=g, loop=l), "H100 SXM", flops=...)  # modeled time
     performance_report({"saxpy": Run(trace, work, flops)}, "A100")  # a table of them
 
-trace.py records, races.py judges, cost.py counts requests and models time, report.py tables
-those, draw.py draws;
-scheduler.py runs the threads of a block
-one at a time so that every run is the same. Taught in: lessons/02_cuda_with_numba.ipynb
+trace.py records, races.py judges, counters.py counts requests (loops.py lines up a warp's
+loop turns), scaling.py takes counts to full size, cost.py models time, report.py tables
+those, draw.py draws; scheduler.py runs the threads of a block one at a time so that every run
+is the same. Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
 from gpulab.sim.cost import Counters, ModeledTime, count, model_time

@@ -1,182 +1,83 @@
-"""What a traced launch asks of a GPU's memory system, and a modeled time for it on a named GPU.
+"""A modeled time for a traced launch on a named GPU, from what it asks of memory (counters.py).
 
     counters = count(trace)                       # requests, sectors, bank conflicts, atomics...
-    counters.global_sectors, counters.coalescing  # 32-byte sectors moved; bytes used / moved
-    cost = model_time(counters.scaled(4096), "H100 SXM", flops=2 * m * n * k)
+    cost = model_time(counters.scaled(grid=(4096 / 32) ** 2, loop=4096 / 32), "H100 SXM",
+                      flops=2 * m * n * k)
     cost.time_s, cost.bound                       # modeled seconds, and what limits them
 
 The simulator runs one thread at a time, so its wall time says nothing about a GPU (a tiled
 kernel is slower there than a naive one: it runs more Python). The trace does say what the GPU
-would be asked to do, and that is what this module counts, the way a profiler such as Nsight
-Compute groups it: the 32 threads of a warp run one instruction together, so the n-th time the
-threads of one warp run a given load or store (in one barrier interval) is one **request**.
-
-    global memory   a request moves every 32-byte sector any of its threads touches
-    shared memory   32 banks of 4 bytes; a request takes one pass per distinct word asked of
-                    its busiest bank (the same word is broadcast): an n-way bank conflict
-    atomics         updates of one address are applied one after another
-    barriers        cuda.syncthreads() per block, from the barrier intervals of the trace
-
-`model_time` turns counters into time with a model, labelled as such wherever it is shown:
+would be asked to do (gpulab.sim.count, the way Nsight Compute groups it), and this module turns
+that into time with a model, labelled as such wherever it is shown:
 
     time = launch overhead
-         + max(sectors x 32 B / DRAM bandwidth, FLOPs / fp32 peak, shared passes / (SMs x clock))
+         + max(DRAM bytes / DRAM bandwidth,          each block's distinct sectors, once
+               request sectors x 32 B / L2 bandwidth, every sector of every request
+               FLOPs / fp32 peak,
+               shared passes / (SMs x clock))
            / utilization of the waves (a partial last wave leaves SMs idle)
          + the longest chain of same-address atomics, one per clock
          + barriers per block x waves x BARRIER_CYCLES / clock
 
-Assumptions, each an upper or lower bound on purpose: every sector a request touches comes
-from DRAM (no L1/L2 hits: caches make uncoalesced and naive kernels faster than modeled); the
-FLOPs are what the caller says (the trace sees memory, not arithmetic); every memory request
-overlaps with the math (the max above); blocks per SM are limited by threads and shared memory,
-not registers; the clock is the fp32 rate over the SM's fp32 lanes. It is for comparing two
-kernels on one GPU, the way lessons/02 and Lab 1 use it, not for predicting a benchmark; on a
-GPU, gpulab.timing measures the real thing.
+Where each figure comes from:
+  - DRAM and fp32 rates, SMs, shared memory per SM: the GPU's datasheet (gpulab.gpu_specs).
+  - L2 bandwidth: the published bytes per clock where NVIDIA gives them (V100, A100); elsewhere
+    L2_OVER_DRAM times the DRAM bandwidth, the lowest ratio among the GPUs with a published
+    figure (V100 3.48, A100 80GB 3.54, A100 40GB 4.64).
+  - The clock: the fp32 rate over 2 FLOPs x the SM's fp32 lanes (the architecture whitepapers).
+  - Shared memory: 32 banks of 4 bytes, one pass per clock per SM (CUDA C++ Programming Guide).
+  - Resident threads and blocks per SM, by compute capability: the Programming Guide's table of
+    technical specifications; blocks are further limited by shared memory, not by registers.
+  - BARRIER_CYCLES: an estimate (the warps of a block drain, then go on), not a measurement.
+
+Assumptions, each stated because it is a choice:
+  - Caches: every sector a warp request touches goes through L2 (no L1 hits); DRAM moves each
+    block's distinct sectors once (the caches keep what one block reuses, however far apart
+    its reuses are), and nothing is shared between blocks through L2.
+  - Overlap: DRAM, L2, the math and shared memory all overlap (the max above); atomics and
+    barriers do not.
+  - The FLOPs are what the caller says (the trace sees memory, not arithmetic).
+
+Known misses, which benchmarks/bench_cost_model.py shows against published measurements:
+  - L1 hits: the warps of one block re-reading the same sectors (a naive matmul's rows of B)
+    hit in L1 on a GPU; here they go through L2, so such kernels model slower than they run.
+    An L1 tier would need an L1 throughput and hit model that published data does not pin
+    down without fitting it to the very tables it is checked against.
+  - Latency and instruction issue: a kernel limited by shared memory, or with few warps per SM
+    to hide latency, runs slower than one pass per clock: it models too fast. Divergence and
+    the instructions between memory accesses are not in a memory trace at all.
+  - Reuse across blocks: tiles that neighbouring blocks share are read from DRAM once per
+    block here, once per wave on a GPU: DRAM-bound kernels with such reuse model slower.
+It is for comparing kernels on one GPU, the way lessons/02 and Lab 1 use it, not for predicting
+a benchmark; on a GPU, gpulab.timing measures the real thing.
 Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from gpulab.hardware import LAUNCH_OVERHEAD_S
-from gpulab.sim.memory import ATOMIC_K, READ_K, WRITE_K
+from gpulab.sim.counters import (  # noqa: F401  (counting lives in counters.py; same names here)
+    BANK_BYTES,
+    BANKS,
+    SECTOR_BYTES,
+    WARP_SIZE,
+    Counters,
+    count,
+)
 
-WARP_SIZE = 32
-SECTOR_BYTES = 32  # what DRAM and L2 move at a time
-BANKS, BANK_BYTES = 32, 4  # shared memory: word w lives in bank w % 32
 BARRIER_CYCLES = 20  # one cuda.syncthreads() of a block: the warps drain, then all go on
-MAX_THREADS_PER_SM, MAX_BLOCKS_PER_SM = 2048, 32  # compute capability 8.0 and later
+L2_OVER_DRAM = 3.5  # L2 over DRAM bandwidth where no L2 figure is published (see above)
+# Resident threads and blocks per SM by compute capability (CUDA C++ Programming Guide).
+RESIDENT_PER_SM = {(7, 0): (2048, 32), (7, 5): (1024, 16), (8, 0): (2048, 32),
+                   (8, 6): (1536, 16), (8, 7): (2048, 32), (8, 9): (1536, 24),
+                   (9, 0): (2048, 32)}
+MAX_THREADS_PER_SM, MAX_BLOCKS_PER_SM = RESIDENT_PER_SM[8, 0]  # for a capability not listed
 # fp32 lanes (CUDA cores) per SM, by architecture: the clock is the fp32 rate over them.
 FP32_LANES_PER_SM = {"Volta": 64, "Turing": 64, "Ampere": 64, "Ada Lovelace": 128,
                      "Hopper": 128, "Blackwell": 128}
 FP32_LANES_GA10X = 128  # Ampere's GA10x chips (A10, A40, RTX 30) doubled the fp32 lanes of GA100
-
-
-@dataclass(frozen=True)
-class Counters:
-    """What one launch asks of memory, counted per warp request (see the module docstring)."""
-
-    blocks: int  # blocks in the grid
-    threads_per_block: int
-    shared_bytes_per_block: int  # of the shared arrays the kernel declared
-    global_load_requests: int
-    global_load_sectors: int
-    global_store_requests: int
-    global_store_sectors: int
-    global_bytes_used: int  # distinct bytes each request asked for (atomics: read and written)
-    global_atomics: int  # atomic updates of global memory
-    global_atomic_requests: int
-    global_atomic_sectors: int
-    longest_atomic_chain: int  # the most updates of any one global address
-    shared_requests: int
-    shared_passes: int  # requests plus the extra passes that bank conflicts cost
-    worst_bank_conflict: int  # the most passes one request took (1: conflict-free)
-    shared_atomics: int
-    barriers_per_block: int  # cuda.syncthreads() each block passed
-
-    @property
-    def global_sectors(self) -> int:
-        """Sectors moved between SMs and memory: loads, stores and atomics (read and write)."""
-        return (self.global_load_sectors + self.global_store_sectors
-                + 2 * self.global_atomic_sectors)
-
-    @property
-    def global_bytes(self) -> int:
-        """Bytes moved: every sector in full."""
-        return self.global_sectors * SECTOR_BYTES
-
-    @property
-    def coalescing(self) -> float:
-        """Bytes the threads used over bytes moved: 1.0 when every fetched byte is used."""
-        return self.global_bytes_used / self.global_bytes if self.global_bytes else 1.0
-
-    @property
-    def sectors_per_request(self) -> float:
-        requests = (self.global_load_requests + self.global_store_requests
-                    + self.global_atomic_requests)
-        return self.global_sectors / requests if requests else 0.0
-
-    def scaled(self, work: float) -> Counters:
-        """The same kernel on `work` times as many blocks doing the same things: totals grow,
-        per-block and per-request figures stay (a grid of tiles repeats its pattern)."""
-        per_item = {"threads_per_block", "shared_bytes_per_block", "worst_bank_conflict",
-                    "barriers_per_block"}
-        grow = {f.name: round(getattr(self, f.name) * work)
-                for f in dataclasses.fields(self) if f.name not in per_item}
-        grow["longest_atomic_chain"] = round(self.longest_atomic_chain * work)  # one address
-        return dataclasses.replace(self, **grow)
-
-    def table(self) -> str:
-        rows = [("global load requests / sectors",
-                 f"{self.global_load_requests} / {self.global_load_sectors}"),
-                ("global store requests / sectors",
-                 f"{self.global_store_requests} / {self.global_store_sectors}"),
-                ("global bytes moved (used)", f"{self.global_bytes} ({self.global_bytes_used})"),
-                ("coalescing (used / moved)", f"{self.coalescing:.0%}"),
-                ("shared requests / passes", f"{self.shared_requests} / {self.shared_passes}"),
-                ("worst bank conflict", f"{self.worst_bank_conflict}-way"),
-                ("atomics global / shared", f"{self.global_atomics} / {self.shared_atomics}"),
-                ("longest same-address chain", str(self.longest_atomic_chain)),
-                ("barriers per block", str(self.barriers_per_block))]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def count(trace) -> Counters:
-    """The Counters of a Trace (gpulab.sim.run_traced)."""
-    # A warp request is one dynamic instruction of a warp: the same line and loop turns
-    # (`path`, see loops.py), in the same barrier interval; the n-th such access of a thread
-    # tells apart the accesses one instruction makes more than once (a slice, a generator).
-    nth = Counter()  # (block, thread, epoch, line, path, array, kind) -> executions so far
-    requests = defaultdict(set)  # (block, warp, epoch, line, path, array, kind, n) -> flats
-    barriers = defaultdict(int)
-    chain = Counter()  # (array, flat) -> global atomic updates
-    for block, thread, aid, flat, kind, epoch, _, line, _, path in trace.records:
-        site = (block, thread, epoch, line, path, aid, kind)
-        n = nth[site]
-        nth[site] = n + 1
-        requests[block, thread // WARP_SIZE, epoch, line, path, aid, kind, n].add(flat)
-        barriers[block] = max(barriers[block], epoch)
-        if kind == ATOMIC_K and trace.arrays[aid].space == "global":
-            chain[aid, flat] += 1
-    totals = Counter()
-    worst = 1
-    for (_, _, _, _, _, aid, kind, _), flats in requests.items():
-        info = trace.arrays[aid]
-        if info.space == "global":
-            sectors = len({flat * info.itemsize // SECTOR_BYTES for flat in flats})
-            what = {READ_K: "load", WRITE_K: "store", ATOMIC_K: "atomic"}[kind]
-            totals[f"{what}_requests"] += 1
-            totals[f"{what}_sectors"] += sectors
-            # a word that several threads of the warp read is fetched once: it counts once
-            totals["used"] += len(flats) * info.itemsize * (2 if kind == ATOMIC_K else 1)
-        else:
-            words = {flat * info.itemsize // BANK_BYTES for flat in flats}
-            passes = max(Counter(w % BANKS for w in words).values())
-            totals["shared_requests"] += 1
-            totals["shared_passes"] += passes
-            worst = max(worst, passes)
-    kinds = Counter((trace.arrays[r[2]].space, r[4]) for r in trace.records)
-    shared_bytes = sum(math.prod(a.shape) * a.itemsize for a in trace.arrays
-                       if a.space == "shared")
-    return Counters(
-        blocks=math.prod(trace.blocks), threads_per_block=math.prod(trace.threads_per_block),
-        shared_bytes_per_block=shared_bytes,
-        global_load_requests=totals["load_requests"], global_load_sectors=totals["load_sectors"],
-        global_store_requests=totals["store_requests"],
-        global_store_sectors=totals["store_sectors"], global_bytes_used=totals["used"],
-        global_atomics=kinds["global", ATOMIC_K],
-        global_atomic_requests=totals["atomic_requests"],
-        global_atomic_sectors=totals["atomic_sectors"],
-        longest_atomic_chain=max(chain.values(), default=0),
-        shared_requests=totals["shared_requests"], shared_passes=totals["shared_passes"],
-        worst_bank_conflict=worst if totals["shared_requests"] else 0,
-        shared_atomics=kinds["shared", ATOMIC_K],
-        barriers_per_block=max(barriers.values(), default=0))
 
 
 @dataclass(frozen=True)
@@ -185,17 +86,19 @@ class ModeledTime:
 
     gpu: str
     launch_s: float
-    dram_s: float  # sectors over DRAM bandwidth
+    dram_s: float  # each block's distinct sectors over DRAM bandwidth
     compute_s: float  # FLOPs over the fp32 peak
     shared_s: float  # shared-memory passes over the SMs' one pass per clock
     utilization: float  # of the waves' block slots: the last wave may leave SMs idle
     atomic_s: float  # the longest same-address chain, one update per clock
     barrier_s: float
+    l2_s: float = 0.0  # every request's sectors over L2 bandwidth
 
     @property
     def terms(self) -> dict[str, float]:
-        """Seconds by what they go to; memory, compute and shared memory overlap each other."""
+        """Seconds by what they go to; memory (DRAM), L2, compute and shared memory overlap."""
         return {"memory": self.dram_s / self.utilization,
+                "L2 cache": self.l2_s / self.utilization,
                 "compute": self.compute_s / self.utilization,
                 "shared memory": self.shared_s / self.utilization,
                 "atomics": self.atomic_s, "barriers": self.barrier_s,
@@ -204,18 +107,19 @@ class ModeledTime:
     @property
     def time_s(self) -> float:
         t = self.terms
-        busy = max(t["memory"], t["compute"], t["shared memory"])
+        busy = max(t["memory"], t["L2 cache"], t["compute"], t["shared memory"])
         return busy + t["atomics"] + t["barriers"] + t["launch overhead"]
 
     @property
     def bound(self) -> str:
-        """What the largest term is: "memory", "compute", "shared memory", "atomics",
-        "barriers" or "launch overhead"."""
+        """What the largest term is: "memory" (DRAM), "L2 cache", "compute", "shared memory",
+        "atomics", "barriers" or "launch overhead"."""
         return max(self.terms, key=self.terms.get)
 
     def __str__(self) -> str:
         return (f"{self.time_s * 1e6:.1f} us modeled on {self.gpu} ({self.bound}-bound: "
-                f"DRAM {self.dram_s * 1e6:.1f} us, compute {self.compute_s * 1e6:.1f} us, "
+                f"DRAM {self.dram_s * 1e6:.1f} us, L2 {self.l2_s * 1e6:.1f} us, "
+                f"compute {self.compute_s * 1e6:.1f} us, "
                 f"shared {self.shared_s * 1e6:.1f} us at {self.utilization:.0%} of the "
                 f"waves' slots; atomics {self.atomic_s * 1e6:.1f} us, barriers "
                 f"{self.barrier_s * 1e6:.1f} us, launch {self.launch_s * 1e6:.0f} us)")
@@ -235,12 +139,22 @@ def clock_hz(gpu) -> float:
     return spec.fp32 * 1e12 / (2 * spec.sms * lanes)
 
 
+def l2_gbps(gpu) -> float:
+    """The L2 bandwidth the model uses, GB/s: the published figure, else L2_OVER_DRAM x DRAM."""
+    from gpulab.hardware import get_gpu
+
+    spec = get_gpu(gpu)
+    return spec.l2_gbps if spec.l2_gbps is not None else L2_OVER_DRAM * spec.bandwidth_gbps
+
+
 def blocks_per_sm(counters: Counters, gpu) -> int:
     """Resident blocks per SM, limited by threads, blocks and shared memory (not registers)."""
     from gpulab.hardware import get_gpu
 
     spec = get_gpu(gpu)
-    limits = [MAX_THREADS_PER_SM // counters.threads_per_block, MAX_BLOCKS_PER_SM]
+    max_threads, max_blocks = RESIDENT_PER_SM.get(spec.compute_capability,
+                                                  (MAX_THREADS_PER_SM, MAX_BLOCKS_PER_SM))
+    limits = [max_threads // counters.threads_per_block, max_blocks]
     if counters.shared_bytes_per_block:
         limits.append(spec.smem_per_sm_kb * 1024 // counters.shared_bytes_per_block)
     return max(1, min(limits))
@@ -255,7 +169,8 @@ def model_time(counters: Counters, gpu, flops: float = 0.0) -> ModeledTime:
     w = waves(counters.blocks, spec, blocks_per_sm(counters, spec))
     return ModeledTime(
         gpu=spec.name, launch_s=LAUNCH_OVERHEAD_S,
-        dram_s=counters.global_bytes / (spec.bandwidth_gbps * 1e9),
+        dram_s=counters.dram_bytes / (spec.bandwidth_gbps * 1e9),
+        l2_s=counters.global_bytes / (l2_gbps(spec) * 1e9),
         compute_s=flops / (spec.fp32 * 1e12),
         shared_s=counters.shared_passes / (spec.sms * clock),
         utilization=w.utilization,

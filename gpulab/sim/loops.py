@@ -21,8 +21,8 @@ Taught in: lessons/02_cuda_with_numba.ipynb (through gpulab.sim.count)
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import copy
 import inspect
@@ -31,9 +31,9 @@ import types
 
 _HOOKS = "__gpulab_loops__"  # the closure variable through which the copy reports its loops
 _OUTER = "__gpulab_outer__"
-_FUTURE_FLAGS = 0
-for _name in __future__.all_feature_names:
-    _FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
+# Each future feature is a bit of its own: the sum is their union.
+_FUTURE_FLAGS = sum(getattr(__future__, name).compiler_flag
+                    for name in __future__.all_feature_names)
 
 
 class LoopTurns:

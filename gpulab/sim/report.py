@@ -4,9 +4,17 @@ GPU at full size, with where it sits under that GPU's roofline.
     runs = {"matmul_tiled": Run(trace, work=4096, flops=2 * m * n * k)}
     print(performance_report(runs, "A100"))
 
-`work` scales a small traced launch to the full-size one (cost.Counters.scaled: a grid of
-tiles repeats its pattern); `flops` is the full-size launch's fp32 math, which the trace
-cannot see. Every time here is MODELED (gpulab.sim.cost), never measured.
+`work` scales a small traced launch to the full-size one by repeating its blocks (a grid of
+tiles repeats its pattern). A kernel whose blocks also loop longer at full size says so
+apart (scaling.py): `grid` (blocks) and `loop` (turns per block), and, for an exact line
+through a block's fixed and per-turn work, a `longer` trace of the same grid at `longer_loop`
+times the turns:
+
+    Run(trace, grid=(4096 / 32) ** 2, loop=4096 / 32, flops=...)             # a shape
+    Run(trace, grid=(4096 / 32) ** 2, loop=4096 / 32, longer=trace_k64, longer_loop=2.0)
+
+`flops` is the full-size launch's fp32 math, which the trace cannot see. Every time here is
+MODELED (gpulab.sim.cost), never measured.
 Taught in: solutions/lab1_cuda_kernels (the performance report), lessons/02_cuda_with_numba.ipynb
 """
 
@@ -15,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpulab.sim.cost import count, model_time
+from gpulab.sim.scaling import extrapolated
 
 
 @dataclass(frozen=True)
@@ -22,12 +31,22 @@ class Run:
     """One traced launch, and how it scales to the launch the report is about."""
 
     trace: object  # a gpulab.sim.Trace
-    work: float = 1.0  # full-size launch over the traced one
+    work: float = 1.0  # full-size launch over the traced one, in blocks (when grid is None)
     flops: float = 0.0  # fp32 FLOPs of the full-size launch
+    grid: float | None = None  # full-size blocks over traced blocks
+    loop: float = 1.0  # full-size turns of each block's loop over the traced turns
+    longer: object = None  # a Trace of the same grid with longer_loop times the turns
+    longer_loop: float = 2.0
 
     def counters(self):
         """The traced launch's counters, scaled to the full-size launch."""
-        return count(self.trace).scaled(self.work)
+        traced = count(self.trace)
+        if self.grid is None:
+            return traced.scaled(self.work)
+        if self.longer is None:
+            return traced.scaled(grid=self.grid, loop=self.loop)
+        return extrapolated(traced, count(self.longer), turns=(1.0, self.longer_loop),
+                            to_turns=self.loop, grid=self.grid)
 
     def modeled(self, gpu):
         """The full-size launch's modeled time on `gpu` (a cost.ModeledTime)."""
