@@ -129,9 +129,11 @@ LAB1 = Spec(
                 # detector always does, so either message is right.
                 r"a missing cuda\.syncthreads\(\)|block_sum: data race"),
         Mistake("one_per_thread", "block_sum", "    for k in range(ITEMS_PER_THREAD):",
-                "    for k in range(1):  # one element per thread, as in lesson 02", "test_block_sum",
+                "    for k in range(1):  # one element per thread, as in lesson 02",
+                "test_block_sum",
                 r"That is the sum of the block's first 64 elements only: each thread adds 4"),
-        Mistake("wrong_tile", "matmul_tiled", "a_row, k = cuda.blockIdx.y * TILE + r, t * TILE + tx",
+        Mistake("wrong_tile", "matmul_tiled",
+                "a_row, k = cuda.blockIdx.y * TILE + r, t * TILE + tx",
                 "a_row, k = cuda.blockIdx.y * TILE + r, tx  # the step t forgotten",
                 "test_matmul_tiled", r"Check which tiles each step along K loads"),
         Mistake("one_output", "matmul_tiled", "        if row + half < m:\n"

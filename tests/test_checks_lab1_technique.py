@@ -3,9 +3,10 @@
 Each checker runs the solution's way (passes) and the ways learners skip the technique: a naive
 matmul, a matmul that stages only `a`, a block sum that thread 0 adds up alone, one whose threads
 each load a run of their own (uncoalesced), a tree in global memory, a histogram of global
-atomics, a stencil reading its taps from global memory, a scan that thread 0 walks. Each of those gets the values right (the value checker
-passes) and fails the technique checker with a message that names the technique and the number
-that shows it. On the cpu runner the evidence is the simulator's trace.
+atomics, a stencil reading its taps from global memory, a scan that thread 0 walks. Each of
+those gets the values right (the value checker passes) and fails the technique checker with a
+message that names the technique and the number that shows it. On the cpu runner the evidence
+is the simulator's trace.
 """
 
 

@@ -11,8 +11,8 @@ same time.
 The expected numbers come from `expected_waves`, which the grader runs outside the learner's
 kernel (gpulab/checks/keys.py): a notebook that edits the spec sheet in place changes what its
 own kernel computes, not what its answers are compared with.
-Taught in: lessons/02_cuda_with_numba.ipynb (section 9, occupancy), lessons/01_gpu_architecture.ipynb
-(waves)
+Taught in: lessons/02_cuda_with_numba.ipynb (section 9, occupancy),
+lessons/01_gpu_architecture.ipynb (waves)
 """
 
 from __future__ import annotations
@@ -111,6 +111,6 @@ def check_waves(threads_per_block, blocks, blocks_per_sm, n_waves, want: dict) -
 def _limits_text(tpb: int, limits: dict, want: dict) -> str:
     smem = want["smem_per_block"] + want["smem_per_thread"] * tpb
     return (f"threads {want['max_threads_per_sm']} // {tpb} = {limits['threads']}, blocks "
-            f"{limits['blocks']}, registers {want['registers_per_sm']} // ({want['regs_per_thread']}"
-            f" x {tpb}) = {limits['registers']}, shared memory {want['smem_per_sm']} // {smem} = "
-            f"{limits['shared memory']}")
+            f"{limits['blocks']}, registers {want['registers_per_sm']} // "
+            f"({want['regs_per_thread']} x {tpb}) = {limits['registers']}, shared memory "
+            f"{want['smem_per_sm']} // {smem} = {limits['shared memory']}")
