@@ -1,11 +1,16 @@
-"""The kernel cost model (gpulab.sim.cost) at full size, and, with a GPU, against measured time.
+"""The kernel cost model (gpulab.sim.cost) at full size, against published GPU measurements,
+and, with a GPU, against measured time.
 
     modeled naive / tiled matmul, naive / padded transpose, global / shared histogram, atomic /
     tree sum on the H100 SXM: the ratios Lesson 02 shows (target: the optimized kernel models
     faster, > 1x)
+    published tables (published_tables.py): the CUDA Best Practices Guide's V100 matmuls and
+    Boehm's RTX A6000 SGEMM worklog, traced, scaled and modeled: each step's modeled speedup
+    beside the published one (goal: within x1.5), the rank order of each table, the fraction
+    of steps within x1.5, and the known miss behind each step outside it
     modeled / measured per kernel (gpu runner only): the model's time over CUDA-event time on
-    this GPU; the goal is within 2x (0.5x to 2x). The model counts no cache hits, so naive and
-    uncoalesced kernels model slower than they run
+    this GPU; the goal is within 2x (0.5x to 2x). The model has no L1 tier, so naive kernels
+    whose warps re-read a block's data model slower than they run
 
 The traces need Numba's simulator, so they are taken in a subprocess on the cpu runner, at small
 sizes, and scaled to the full size (the access pattern repeats block after block).
@@ -18,6 +23,7 @@ import os
 import subprocess
 import sys
 
+import published_tables
 from common import Row
 
 BENCH = "cost_model"
@@ -69,9 +75,10 @@ print(json.dumps(found))
 '''
 
 
-def _traced() -> dict:
+def _traced(script: str = TRACE, cases: dict = CASES) -> dict:
     env = {**os.environ, "GPULAB_RUNNER": "cpu"}
-    done = subprocess.run([sys.executable, "-c", TRACE, json.dumps(CASES)], env=env,
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(cases), here], env=env,
                           capture_output=True, text=True, check=True, timeout=900)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -101,6 +108,7 @@ def run(quick: bool = False) -> list[Row]:
                 "> 1x", modeled[slow] > modeled[fast],
                 f"{_size(slow)}; a model, not a measurement")
             for slow, fast, label in PAIRS]
+    rows += published_tables.rows(_traced(published_tables.TRACE, published_tables.to_trace()))
     if gpulab.runner.name == "gpu":
         rows += _measured_rows(counters)
     return rows

@@ -2,6 +2,10 @@
 loop and make it on a later one. A warp runs the k-th turn of its threads together, so each
 turn is a request of its own; every count below is worked out by hand in the comments."""
 
+import importlib.util
+import linecache
+import sys
+
 import numpy as np
 from numba import cuda, float32
 
@@ -140,3 +144,22 @@ def test_a_kernel_without_source_is_counted_by_nth_execution():
     assert {record[-1] for record in trace.records} == {None}
     c = count(trace)
     assert (c.global_load_requests, c.global_load_sectors) == (2, 8)
+
+
+def test_source_that_is_not_the_code_that_runs_is_not_copied(tmp_path):
+    """The copy is made from the source file; when the file says something else than the code
+    (edited since, or written to mislead), the launch runs the code itself."""
+    path = tmp_path / "shifty_kernel.py"
+    path.write_text("from numba import cuda\n\n\n@cuda.jit\ndef scale(out, x):\n"
+                    "    t = cuda.threadIdx.x\n    for k in range(2):\n"
+                    "        out[t] = x[t] * 3\n")
+    spec = importlib.util.spec_from_file_location("shifty_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path.write_text(path.read_text().replace("* 3", "* 2"))  # same bytecode, another constant
+    linecache.checkcache(str(path))
+    out = np.zeros(32, np.float32)
+    trace = run_traced(module.scale, 1, 32, out, np.ones(32, np.float32))
+    np.testing.assert_allclose(out, 3.0)  # what the code says, not the file
+    assert {record[-1] for record in trace.records} == {None}
+    sys.modules.pop("shifty_kernel", None)

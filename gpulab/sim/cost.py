@@ -48,6 +48,9 @@ Known misses, which benchmarks/bench_cost_model.py shows against published measu
     the instructions between memory accesses are not in a memory trace at all.
   - Reuse across blocks: tiles that neighbouring blocks share are read from DRAM once per
     block here, once per wave on a GPU: DRAM-bound kernels with such reuse model slower.
+  - Registers: blocks per SM come from threads and shared memory only, so a kernel that needs
+    many registers per thread fits fewer blocks on a GPU; the number of waves, and with it the
+    idle tail of a partial last wave, can be off either way.
 It is for comparing kernels on one GPU, the way lessons/02 and Lab 1 use it, not for predicting
 a benchmark; on a GPU, gpulab.timing measures the real thing.
 Taught in: lessons/02_cuda_with_numba.ipynb

@@ -71,7 +71,7 @@ class LoopTurns:
         its source is not at hand or does not compile to its bytecode."""
         try:
             tree = _function_tree(fn)
-            if _compile(fn, tree, hooked=False).co_code != fn.__code__.co_code:
+            if _fingerprint(_compile(fn, tree, hooked=False)) != _fingerprint(fn.__code__):
                 return fn  # the source we found is not the code that runs
             marker = _LoopMarker(self._new_id)
             marker.visit(tree)
@@ -83,13 +83,21 @@ class LoopTurns:
                  zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)}
         closure = tuple(types.CellType(self) if name == _HOOKS else cells[name]
                         for name in code.co_freevars)
-        copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
-        copy.__kwdefaults__ = fn.__kwdefaults__
-        return copy
+        twin = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+        twin.__kwdefaults__ = fn.__kwdefaults__
+        return twin
 
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
+
+
+def _fingerprint(code) -> tuple:
+    """What a code object does, without where it sits: its bytecode, names and constants (the
+    code objects among them by their own fingerprints)."""
+    consts = tuple(_fingerprint(c) if isinstance(c, types.CodeType) else (type(c), repr(c))
+                   for c in code.co_consts)
+    return (code.co_code, code.co_names, code.co_varnames, code.co_freevars, consts)
 
 
 def _function_tree(fn) -> ast.Module:
