@@ -88,9 +88,14 @@ def _size(name: str) -> str:
     return {"matmul": f"{full}^3", "transpose": f"{full} x {full}"}.get(module, f"n={full:,}")
 
 
-def _work(name: str) -> float:
+def _full_size(name: str, traced):
+    """The traced counters at the full size: a matmul's grid grows with n^2 and each block's
+    K loop with n; a transpose's grid with n^2; a sum's and a histogram's with n."""
     module, small, full = CASES[name]
-    return (full / small) ** (3 if module == "matmul" else 2 if module == "transpose" else 1)
+    ratio = full / small
+    if module == "matmul":
+        return traced.scaled(grid=ratio ** 2, loop=ratio)
+    return traced.scaled(grid=ratio ** 2 if module == "transpose" else ratio)
 
 
 def run(quick: bool = False) -> list[Row]:
@@ -98,7 +103,7 @@ def run(quick: bool = False) -> list[Row]:
     from gpulab.kernels.matmul import matmul_flops
     from gpulab.sim.cost import Counters, model_time
 
-    counters = {name: Counters(**c).scaled(_work(name)) for name, c in _traced().items()}
+    counters = {name: _full_size(name, Counters(**c)) for name, c in _traced().items()}
     modeled = {}
     for name, c in counters.items():
         module, _, full = CASES[name]
