@@ -18,9 +18,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "it costs nothing where it does not apply.",
     ),
     "amp_step": (
-        "Two lines are in the wrong place. Follow the gradients through the step and ask, at "
-        "each call that reads them: are they the true gradients, or S times them? And ask "
-        "which context is active when backward runs.",
+        "Two bugs hide here, both about when things happen. Follow the gradients through the "
+        "step and ask, at each call that reads them: are they the true gradients, or S times "
+        "them? And ask which context is still active when backward runs.",
         "Autocast is for the forward pass and the loss; backward follows the dtypes the "
         "forward chose, so it belongs after the with block. A clip must measure the true "
         "gradient's norm, so the gradients must be divided by S before it runs; scaler.step "
