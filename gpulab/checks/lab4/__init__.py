@@ -5,7 +5,7 @@ its checkers.
     check_fit_step(fit_step)                    Part A2  fit the step under a memory budget
     check_profile_reading(DOMINANT_PHASE, ...)  Part B1  read the slow pipeline's profile
     check_fast_results(fast_train)              Part B2  a faster pipeline, the same results
-    check_fast_technique(fast_train)            Part B3  ... without the syncs, copies, micro-batches
+    check_fast_technique(fast_train)            Part B3  ... no syncs, copies, micro-batches
     check_speedup(fast_train)                   Part B4  ... and at least 3x as fast, in one run
 
 Taught in: lessons/07_gpu_memory.ipynb, lessons/08_profiling_and_optimization.ipynb
