@@ -48,6 +48,11 @@ Known misses, which benchmarks/bench_cost_model.py shows against published measu
     the instructions between memory accesses are not in a memory trace at all.
   - Reuse across blocks: tiles that neighbouring blocks share are read from DRAM once per
     block here, once per wave on a GPU: DRAM-bound kernels with such reuse model slower.
+  - Scattered stores: a warp writing 32 sectors for 128 useful bytes (the naive transpose's
+    column) costs only L2 bandwidth here, since DRAM writes each block's distinct sectors once.
+    On a GPU the partial-sector writes cost more than that (NVIDIA's measurements put the naive
+    transpose well below a copy's bandwidth), so such kernels model too fast: lessons/02 shows
+    the unpadded tile modeled slower than the naive transpose, where a GPU measures the reverse.
   - Registers: blocks per SM come from threads and shared memory only, so a kernel that needs
     many registers per thread fits fewer blocks on a GPU; the number of waves, and with it the
     idle tail of a partial last wave, can be off either way.
