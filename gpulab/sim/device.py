@@ -180,7 +180,7 @@ def python_function(kernel):
     return fn
 
 
-def _device_function(obj):
+def device_function(obj):
     """The Python function of a @cuda.jit(device=True) function, else None."""
     try:
         py_func = getattr(obj, "py_func", None)
@@ -214,7 +214,7 @@ def swapped_cuda(fn, fake_module, copy=None):
     def replacement(value):
         if value is real_cuda:
             return fake_module
-        device_fn = _device_function(value)
+        device_fn = device_function(value)
         return copy(device_fn) if copy is not None and device_fn is not None else device_fn
 
     def visit(f):

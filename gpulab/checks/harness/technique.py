@@ -4,19 +4,26 @@ technique too, with part of a part's points.
     trace = trace_kernel(kernel, "matmul_tiled", blocks, tpb, c, a, b, bias, case="...")
     trace.bytes_read_by_array["a"]          # what the kernel asked global memory for
     busiest_thread(trace, space="shared")   # ((block, thread), accesses): O(block) work shows
-    ratio = measured_speedup(kernel, naive, blocks, tpb, ref_blocks, ref_tpb, make_args)
+    judge_technique(technique_verdict, kernel, {"seed": 0}, yardstick)
 
-On the cpu runner the evidence is the simulator's trace (gpulab.sim), counts that do not depend
-on the machine: bytes read per array, accesses per thread, barriers, atomics. On the gpu runner
-it is measured time against the course's plain version of the kernel, in the same run: a ratio.
+The evidence is the simulator's trace (gpulab.sim), counts that do not depend on the machine:
+bytes read per array, sectors per request, accesses per thread, barriers, atomics. A part's
+verdict is one function of those counts on both runners: on the cpu runner it traces the kernel
+in this process; on the gpu runner in a simulator process of its own (simulator_process.py),
+and the kernel's measured speed against a plain version of it is printed beside the verdict,
+for information: it is not graded.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import gpulab
 from gpulab.checks.harness.kernels import kernel_failed, simulator_pace
+from gpulab.timing import format_seconds
 
 
 def trace_kernel(kernel, name: str, blocks, threads_per_block, *args, case: str = ""):
@@ -80,25 +87,62 @@ def atomics_per_block(trace, space: str = "global") -> Counter:
                    if kind == 2 and trace.arrays[aid].space == space)
 
 
-def measured_speedup(kernel, reference, blocks, threads_per_block, ref_blocks,
-                     ref_threads_per_block, make_args, repeat: int = 20) -> float:
-    """Median time of `reference` over the learner's `kernel`, each launched on fresh device
-    arguments from make_args() and timed with CUDA events (gpu runner only)."""
+@dataclass(frozen=True)
+class Yardstick:
+    """What the gpu runner times the learner's kernel against, to print beside the verdict."""
+
+    kernel: object  # the course's plain version, a @cuda.jit kernel
+    label: str  # what it is, as the printed line names it: "thread 0 adding each block"
+    size: str  # the launch both run at, for the printed line: "n=4194304"
+    blocks: object  # the learner's kernel's launch ...
+    threads_per_block: object
+    make_args: Callable[[], tuple]  # ... and fresh device arguments for either kernel
+    ref_blocks: object = None  # the plain kernel's launch, when it differs
+    ref_threads_per_block: object = None
+
+
+def judge_technique(verdict, kernel, settings: dict, yardstick: Callable[[], Yardstick]) -> None:
+    """The technique's verdict, `verdict(kernel, **settings)`: traced in this process on the cpu
+    runner, in a simulator process on the gpu runner, where the kernel's measured speed against
+    `yardstick()` is printed first, not graded. AssertionError with the verdict's message."""
+    from gpulab.checks.harness.simulator_process import Verdict, verdicts_in_simulator
+
+    if gpulab.runner.simulator:
+        verdict(kernel, **settings)
+        return
+    print(speed_line(kernel, yardstick))
+    (failed,) = verdicts_in_simulator([Verdict(verdict, kernel, settings)])
+    if failed is not None:
+        raise AssertionError(failed)
+
+
+def speed_line(kernel, yardstick: Callable[[], Yardstick]) -> str:
+    """One line: the kernel's measured time and its speed against the yardstick (gpu runner)."""
+    try:
+        y = yardstick()
+        ref = (y.ref_blocks or y.blocks, y.ref_threads_per_block or y.threads_per_block)
+        mine = median_kernel_s(kernel, y.blocks, y.threads_per_block, y.make_args)
+        plain = median_kernel_s(y.kernel, *ref, y.make_args)
+    except Exception as error:  # information only: a failure here costs nothing
+        return f"Speed on this GPU not measured ({type(error).__name__}: {error}); not graded."
+    return (f"Measured on this GPU, not graded: {format_seconds(mine)} at {y.size}, "
+            f"{plain / mine:.2f}x the speed of {y.label}. The grade comes from the trace.")
+
+
+def median_kernel_s(kernel, blocks, threads_per_block, make_args, repeat: int = 20) -> float:
+    """Median seconds of `kernel[blocks, threads_per_block]` on fresh arguments from
+    make_args(), timed with CUDA events after one warm-up launch (gpu runner only)."""
     from numba import cuda
 
-    def median_s(k, grid, block) -> float:
-        args = make_args()
-        k[grid, block](*args)  # compile and warm up
-        cuda.synchronize()
-        times = []
-        for _ in range(repeat):
-            start, end = cuda.event(), cuda.event()
-            start.record()
-            k[grid, block](*args)
-            end.record()
-            end.synchronize()
-            times.append(cuda.event_elapsed_time(start, end) / 1e3)
-        return sorted(times)[len(times) // 2]
-
-    return median_s(reference, ref_blocks, ref_threads_per_block) / median_s(
-        kernel, blocks, threads_per_block)
+    args = make_args()
+    kernel[blocks, threads_per_block](*args)  # compile and warm up
+    cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        kernel[blocks, threads_per_block](*args)
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end) / 1e3)
+    return sorted(times)[len(times) // 2]

@@ -14,10 +14,14 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, check_races, launch
 from gpulab.checks.harness.owned import require_own_kernel
-from gpulab.checks.harness.technique import measured_speedup, require_tree, trace_kernel
+from gpulab.checks.harness.technique import (
+    Yardstick,
+    judge_technique,
+    require_tree,
+    trace_kernel,
+)
 from gpulab.checks.lab1.config import BLOCK_SUM_THREADS, ITEMS_PER_THREAD
 from gpulab.kernels.common import ceil_div
 
@@ -97,12 +101,12 @@ def check_block_sum_races(kernel, n=CHUNK + BLOCK_SUM_THREADS + 3, seed=0):
 # ----------------------------------------------------------------------------- technique
 
 COALESCED = 4  # sectors of 32 B a warp's 32 neighbouring float32 loads take
-GPU_SIZE, GPU_MIN_SPEEDUP = 1 << 22, 2.0  # against _serial_block_sum, where thread 0 adds all
+SPEED_SIZE = 1 << 22  # the gpu runner's timing, printed and not graded
 
 
 @cuda.jit
 def _serial_block_sum(out, x):
-    """The technique's yardstick on a GPU: thread 0 of each block adds the block's elements."""
+    """What the gpu runner times block_sum against: thread 0 of each block adds the block."""
     if cuda.threadIdx.x == 0:
         start = cuda.blockIdx.x * CHUNK
         total = 0.0
@@ -112,18 +116,20 @@ def _serial_block_sum(out, x):
 
 
 def check_block_sum_technique(kernel, n=2 * CHUNK, seed=0):
-    """Coalesced loads, then a shared-memory tree: on the simulator, loads of x take at most
-    COALESCED sectors per warp request, and no thread reads more than its ITEMS_PER_THREAD
-    elements, two per step of the log2(THREADS) steps, and one more; on a GPU, at least
-    GPU_MIN_SPEEDUP x as fast as a block sum in which thread 0 adds every element."""
+    """Coalesced loads, then a shared-memory tree, judged on the simulator's trace on both
+    runners (technique_verdict); the gpu runner prints the measured speed beside it."""
+    require_own_kernel(kernel, "block_sum")
+    judge_technique(technique_verdict, kernel, {"n": n, "seed": seed}, _yardstick)
+
+
+def technique_verdict(kernel, n=2 * CHUNK, seed=0):
+    """Loads of x take at most COALESCED sectors per warp request, and no thread reads more
+    than its ITEMS_PER_THREAD elements, two per step of the log2(THREADS) steps, and one more."""
     from gpulab.sim.cost import count
 
-    require_own_kernel(kernel, "block_sum")
     tpb = BLOCK_SUM_THREADS
     x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
     blocks = block_sum_blocks(n)
-    if not gpulab.runner.simulator:
-        return _check_speed(kernel)
     case = f"n={n}, {blocks} blocks of {tpb} threads"
     trace = trace_kernel(kernel, "block_sum", blocks, tpb, np.zeros(blocks, np.float32), x,
                          case=case)
@@ -140,18 +146,9 @@ def check_block_sum_technique(kernel, n=2 * CHUNK, seed=0):
                  hint="Combine the threads' sums as a tree: halve the active threads each step")
 
 
-def _check_speed(kernel) -> None:
-    tpb = BLOCK_SUM_THREADS
-    x = np.random.default_rng(0).standard_normal(GPU_SIZE).astype(np.float32)
-    blocks = block_sum_blocks(GPU_SIZE)
-
-    def make_args():
-        return cuda.device_array(blocks, np.float32), cuda.to_device(x)
-
-    ratio = measured_speedup(kernel, _serial_block_sum, blocks, tpb, blocks, tpb, make_args)
-    if ratio < GPU_MIN_SPEEDUP:
-        raise AssertionError(
-            f"Combine the threads' sums as a tree, halving the active threads each step: at "
-            f"n={GPU_SIZE}, block_sum is {ratio:.2f}x as fast as one in which thread 0 adds "
-            f"the whole block, and a tree is at least {GPU_MIN_SPEEDUP}x. The values are right; "
-            "this is the technique's part.")
+def _yardstick() -> Yardstick:
+    x = np.random.default_rng(0).standard_normal(SPEED_SIZE).astype(np.float32)
+    blocks = block_sum_blocks(SPEED_SIZE)
+    return Yardstick(_serial_block_sum, "thread 0 adding each block", f"n={SPEED_SIZE}",
+                     blocks, BLOCK_SUM_THREADS,
+                     lambda: (cuda.device_array(blocks, np.float32), cuda.to_device(x)))

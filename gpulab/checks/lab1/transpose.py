@@ -14,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-import gpulab
 from gpulab.checks.harness.kernels import GuardedOutput, bad_indices, launch
 from gpulab.checks.harness.owned import require_own_kernel
-from gpulab.checks.harness.technique import measured_speedup, trace_kernel
+from gpulab.checks.harness.technique import Yardstick, judge_technique, trace_kernel
 from gpulab.checks.lab1.config import BLOCK_ROWS, TILE_DIM
 from gpulab.kernels.common import ceil_div
 
@@ -78,13 +77,13 @@ def check_transpose(kernel, shapes=((8, 24), (13, 21)), seed=0):
 TECHNIQUE_SHAPE = (TILE_DIM, 2 * TILE_DIM)  # two whole tiles: every warp request is a full one
 COALESCED = (TILE_DIM * 4) // 32  # sectors a warp's 32 consecutive float32 take: 4
 TILE_BYTES = TILE_DIM * TILE_DIM * 4  # the most shared memory a block may declare: no padding
-GPU_SHAPE, GPU_MIN_SPEEDUP = (4096, 4096), 1.3  # where coalesced stores pay, against _plain
+SPEED_SHAPE = (4096, 4096)  # the gpu runner's timing, printed and not graded
 
 
 @cuda.jit
 def _plain_transpose(out, a):
-    """The technique's yardstick on a GPU: the same grid, straight from a to out (the stores
-    of a warp land a row of out apart)."""
+    """What the gpu runner times transpose against: the same grid, straight from a to out
+    (the stores of a warp land a row of out apart)."""
     x = cuda.blockIdx.x * TILE_DIM + cuda.threadIdx.x
     y = cuda.blockIdx.y * TILE_DIM + cuda.threadIdx.y
     for j in range(0, TILE_DIM, BLOCK_ROWS):
@@ -93,16 +92,19 @@ def _plain_transpose(out, a):
 
 
 def check_transpose_technique(kernel, shape=TECHNIQUE_SHAPE, seed=0):
-    """Loads and stores coalesced through an unpadded tile without bank conflicts: on the
-    simulator, at most COALESCED sectors per warp request of a and of out, at most TILE_BYTES of
-    shared memory per block, and no shared-memory request that takes more than one pass
-    (count(trace).worst_bank_conflict); on a GPU, at least GPU_MIN_SPEEDUP x as fast as
-    _plain_transpose at GPU_SHAPE."""
+    """Coalesced, through an unpadded tile without bank conflicts, judged on the simulator's
+    trace on both runners (technique_verdict); the gpu runner prints the measured speed."""
+    require_own_kernel(kernel, "transpose")
+    judge_technique(technique_verdict, kernel, {"shape": tuple(shape), "seed": seed},
+                    _yardstick)
+
+
+def technique_verdict(kernel, shape=TECHNIQUE_SHAPE, seed=0):
+    """At most COALESCED sectors per warp request of a and of out, at most TILE_BYTES of shared
+    memory per block, and no shared-memory request that takes more than one pass
+    (count(trace).worst_bank_conflict)."""
     from gpulab.sim.cost import count
 
-    require_own_kernel(kernel, "transpose")
-    if not gpulab.runner.simulator:
-        return _check_speed(kernel)
     rows, cols = shape
     a = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     case = f"a of shape ({rows}, {cols})"
@@ -137,19 +139,9 @@ def check_transpose_technique(kernel, shape=TECHNIQUE_SHAPE, seed=0):
             f"{TILE_DIM}-wide float32 tile all sit in one bank. {values_right} More: {HINT}.")
 
 
-def _check_speed(kernel) -> None:
-    rows, cols = GPU_SHAPE
-    a = np.random.default_rng(0).standard_normal(GPU_SHAPE).astype(np.float32)
-
-    def make_args():
-        return cuda.device_array((cols, rows), np.float32), cuda.to_device(a)
-
-    blocks = transpose_blocks(rows, cols)
-    ratio = measured_speedup(kernel, _plain_transpose, blocks, THREADS, blocks, THREADS,
-                             make_args)
-    if ratio < GPU_MIN_SPEEDUP:
-        raise AssertionError(
-            f"Stage the tile in shared memory and pad it: at {rows} x {cols}, transpose is "
-            f"{ratio:.2f}x as fast as a plain transpose (stores a row of out apart), and a "
-            f"padded shared-memory one is at least {GPU_MIN_SPEEDUP}x. The values are right; "
-            "this is the technique's part.")
+def _yardstick() -> Yardstick:
+    rows, cols = SPEED_SHAPE
+    a = np.random.default_rng(0).standard_normal(SPEED_SHAPE).astype(np.float32)
+    return Yardstick(_plain_transpose, "a plain transpose (stores a row of out apart)",
+                     f"{rows} x {cols}", transpose_blocks(rows, cols), THREADS,
+                     lambda: (cuda.device_array((cols, rows), np.float32), cuda.to_device(a)))
