@@ -14,9 +14,10 @@ process), as a copy the kernel is never given.
     check_stencil(stencil, sizes)                 Part 7  a 1-D convolution, halo in shared memory
     check_block_scan(block_scan, sizes)           Part 8  a prefix sum in log2(THREADS) steps
     check_*_races(kernel)                         Parts 2, 4, 5, 7, 8 under the race detector
-    check_*_technique(kernel)                     Parts 2-5, 7, 8: how, not only what (the
-                                                  simulator's trace on the cpu runner, measured
-                                                  speed against a plain kernel on the gpu runner)
+    check_*_technique(kernel)                     Parts 2-5, 7, 8: how, not only what: each
+                                                  module's technique_verdict, on the simulator's
+                                                  trace on both runners (on a GPU, in a simulator
+                                                  process, the measured speed printed, ungraded)
 
 Launch configurations are part of each part's spec (config.py); sizes and grids that differ
 between the cpu and gpu runners come from gpulab.runner. Where lesson 02 shows a kernel, the part
