@@ -10,6 +10,8 @@ The steps, each under a time limit of its own so that one stuck step cannot eat 
     lessons     every lesson under nbval-lax on the gpu runner (outputs differ by design there)
     grading     each graded notebook's solution and untouched release, graded with --runner gpu:
                 full marks for the solution (its autograded points), zero for the release
+    lab1 kernels  each Lab 1 solution kernel at full size, measured against the cost model's
+                modeled time (benchmarks/lab1_measured.py), quoted in the report
     benchmarks  benchmarks/run.py's GPU rows: kernels (measured against the cost model's
                 modeled time), training, memory, roofline
 
@@ -48,6 +50,7 @@ class Step:
     limit_s: int
     # Lines the output must hold for the step to pass, beyond its exit status of 0.
     must_print: tuple[str, ...] = ()
+    quote: bool = False  # the report quotes the output of a step that passed
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Outcome:
     passed: bool
     seconds: float
     why: str = ""  # for a failure: what went wrong, and the output's last lines
+    output: str = ""  # what a passing step that the report quotes printed
 
 
 def grading_steps(submissions: Path) -> list[Step]:
@@ -87,6 +91,8 @@ def plan(submissions: Path, only: tuple[str, ...] = ()) -> list[Step]:
         Step("lessons", (python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4",
                          "--dist", "loadfile", "--nbval-lax", "lessons"), limit_s=300),
         *grading_steps(submissions),
+        Step("lab1 kernels", (python, "benchmarks/lab1_measured.py"), limit_s=180,
+             must_print=(r"MEASURED on this GPU at full size",), quote=True),
         Step("benchmarks", (python, "benchmarks/run.py", *GPU_BENCHMARKS), limit_s=240),
     ]
     return [s for s in steps if not only or any(s.name.startswith(o) for o in only)]
@@ -115,7 +121,7 @@ def run_step(step: Step, left_s: float) -> Outcome:
     if missing:
         return Outcome(step, False, seconds,
                        f"the output lacks {', '.join(map(repr, missing))}\n{tail(output)}")
-    return Outcome(step, True, seconds)
+    return Outcome(step, True, seconds, output=done.stdout.strip() if step.quote else "")
 
 
 def tail(output: str) -> str:
@@ -149,6 +155,9 @@ def report(facts: dict[str, str], outcomes: list[Outcome], when: datetime.dateti
     lines += ["", "| step | result | seconds |", "|---|---|---|"]
     lines += [f"| {o.step.name} | {'pass' if o.passed else 'FAIL'} | {o.seconds:.0f} |"
               for o in outcomes]
+    for o in outcomes:
+        if o.passed and o.output:
+            lines += ["", f"## {o.step.name}", "", "```", o.output, "```"]
     failed = [o for o in outcomes if not o.passed]
     if failed:
         lines += ["", "## What failed", ""]

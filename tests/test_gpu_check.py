@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
+import lab1_measured  # noqa: E402
+import nbformat  # noqa: E402
 from gpu_check import Outcome, Step, report, run_step  # noqa: E402
 
 from gpulab.checks import PACKAGES  # noqa: E402
@@ -28,7 +30,7 @@ def check(*args) -> subprocess.CompletedProcess:
 def test_the_plan_covers_tests_lessons_every_graded_notebook_and_the_benchmarks(tmp_path):
     names = [step.name for step in gpu_check.plan(tmp_path)]
     assert names == ["gpu tests", "lessons", *(f"grading {lab}" for lab in PACKAGES),
-                     "benchmarks"]
+                     "lab1 kernels", "benchmarks"]
     for lab in PACKAGES:  # the solution and the release, handed in as two learners
         assert {p.name for p in (tmp_path / lab).iterdir()} == {"solution", "release"}
     grading = [s for s in gpu_check.plan(tmp_path, ("grading",))]
@@ -84,3 +86,28 @@ def test_the_report_dates_itself_and_quotes_what_failed():
     assert "- GPU: NVIDIA H100 80GB HBM3" in text
     assert "| lessons | pass | 61 |" in text and "| grading quiz | FAIL | 3 |" in text
     assert "### grading quiz" in text and "boom" in text
+
+
+def test_a_quoted_step_puts_what_it_printed_in_the_report():
+    step = Step("lab1 kernels", ("x",), 1, quote=True)
+    ran = run_step(Step("lab1 kernels", (sys.executable, "-c", "print('saxpy 1 ms measured')"),
+                        30, must_print=("measured",), quote=True), 60)
+    assert ran.passed and ran.output == "saxpy 1 ms measured"
+    text = report({}, [Outcome(step, True, 40.0, output=ran.output)],
+                  datetime.datetime(2026, 11, 27, 9, 30))
+    assert "## lab1 kernels\n\n```\nsaxpy 1 ms measured\n```" in text
+
+
+def test_the_lab1_kernels_step_runs_the_solutions_answers_then_its_performance_report(tmp_path):
+    nb = nbformat.read(lab1_measured.NOTEBOOK, as_version=4)
+    cells = lab1_measured.cells_to_run(nb)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") or c.get("id") for c in cells]
+    assert ids[0] == "imports" and ids[-1] == "report"
+    assert {"block_sum", "transpose", "matmul_tiled", "histogram", "stencil",
+            "block_scan"} <= set(ids)
+    assert not {"colab_setup", "waves"} & set(ids)
+    assert not any(c.metadata.get("nbgrader", {}).get("grade") for c in cells)  # no tests
+    report_cell = cells[-1].source
+    assert "MEASURED on this GPU at full size" in report_cell  # what the step must print
+    (step,) = gpu_check.plan(tmp_path, ("lab1",))
+    assert step.quote and step.must_print == (r"MEASURED on this GPU at full size",)
