@@ -4,6 +4,7 @@ block, a stride longer than the grid, swapped indices, a missing barrier, a wron
 atomics, lesson 02's kernel retyped where the lab asks for a variant, a launch plan whose numbers
 or choice are wrong, gpulab's own kernel handed in."""
 
+import math
 import re
 import sys
 
@@ -339,6 +340,31 @@ def test_transpose_names_a_tile_stored_by_rows():
 def test_transpose_names_a_layout_read_back_differently_from_how_it_was_written():
     with pytest.raises(AssertionError, match=r"reads each element from where it was written"):
         lab1.check_transpose(transpose_skew_read_back_plain, shapes=[(8, 24)])
+
+
+@cuda.jit
+def transpose_skew_read_back_plain_from_nan(out, a):
+    # The same mistake, where the cells no thread writes hold NaN (on the simulator, shared
+    # memory starts as whatever np.empty gives: sometimes NaN), so some outputs read NaN.
+    tile = cuda.shared.array((TILE_DIM, TILE_DIM), float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        tile[ty + j, tx] = math.nan
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.x * TILE_DIM + tx, cuda.blockIdx.y * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < a.shape[0] and x < a.shape[1]:
+            tile[ty + j, (tx + ty + j) % TILE_DIM] = a[y + j, x]
+    cuda.syncthreads()
+    x, y = cuda.blockIdx.y * TILE_DIM + tx, cuda.blockIdx.x * TILE_DIM + ty
+    for j in range(0, TILE_DIM, BLOCK_ROWS):
+        if y + j < out.shape[0] and x < out.shape[1]:
+            out[y + j, x] = tile[tx, ty + j]
+
+
+def test_a_nan_copied_from_an_unwritten_tile_cell_is_not_called_never_written():
+    with pytest.raises(AssertionError, match=r"reads each element from where it was written"):
+        lab1.check_transpose(transpose_skew_read_back_plain_from_nan, shapes=[(8, 24)])
 
 
 def test_transpose_on_a_square_within_one_tile_still_needs_the_column():

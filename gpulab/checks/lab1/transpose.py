@@ -46,8 +46,11 @@ def check_transpose(kernel, shapes=((8, 24), (13, 21)), seed=0):
         bad = bad_indices(got, want, rtol=0, atol=0)
         if bad.size == 0:
             continue
-        c, r = (int(v) for v in bad[0])
         unwritten = np.isnan(got)
+        # A value in the wrong place names a layout mistake better than a NaN does: a NaN may
+        # also be copied from a tile cell no thread wrote (shared memory starts as garbage).
+        misplaced = bad[~unwritten[bad[:, 0], bad[:, 1]]]
+        c, r = (int(v) for v in (misplaced[0] if misplaced.size else bad[0]))
         past_block_rows = np.arange(cols) % TILE_DIM >= BLOCK_ROWS  # out's rows, by tile row
         if unwritten.all():
             hint = ("Nothing was written. Load the tile from a, cuda.syncthreads(), then write "
