@@ -34,6 +34,7 @@ def discover(names: list[str]) -> list[Path]:
 def load(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there as it is defined
     spec.loader.exec_module(module)
     return module
 
