@@ -12,7 +12,8 @@ checks, and pictures, built on Numba's CUDA simulator.
 trace.py records, races.py judges, counters.py counts requests (loops.py lines up a warp's
 loop turns), scaling.py takes counts to full size, cost.py models time, report.py tables
 those, draw.py draws; scheduler.py runs the threads of a block one at a time so that every run
-is the same; portable.py packs a kernel to trace it in another process. Taught in: lessons/02_cuda_with_numba.ipynb
+is the same; portable.py packs a kernel to trace it in another process.
+Taught in: lessons/02_cuda_with_numba.ipynb
 """
 
 from gpulab.sim.cost import Counters, ModeledTime, count, model_time
