@@ -1,5 +1,6 @@
 """What a launch costs: run_on_ranks with ranks forked from the fork server against ranks started
-as fresh interpreters (GPULAB_FRESH_RANKS=1), in the same run (gpulab/distributed/_forkserver.py).
+as fresh interpreters (GPULAB_FRESH_RANKS=1), in the same run
+(gpulab/distributed/runtime/forkserver.py).
 
 Each launch runs a function that all-reduces one number on 2 gloo ranks (Launcher.run); the
 launches alternate between the two ways, after one warm-up launch each (the server's own start,
@@ -19,7 +20,7 @@ import time
 from common import Row
 
 from gpulab.distributed import Launcher
-from gpulab.distributed._forkserver import OFF_VARIABLE
+from gpulab.distributed.runtime.forkserver import OFF_VARIABLE
 
 NAME = "launch"
 WORLD_SIZE = 2

@@ -31,7 +31,7 @@ from gpulab.checks.lab5 import pp_tp_cluster as lab5_cluster
 from gpulab.checks.lab5.pp_tp_cluster import check_pp_tp_cluster, make_gpt
 from gpulab.distributed import PipelineStage, RankGrid, run_pipeline, split_gpt
 from gpulab.distributed import tensor_parallel as gpulab_tp
-from gpulab.distributed.node_script import SourceNotFound, script_of
+from gpulab.distributed.runtime.node_script import SourceNotFound, script_of
 from gpulab.distributed.schedule import gpipe_order, one_f_one_b_order
 from gpulab.train import cross_entropy
 

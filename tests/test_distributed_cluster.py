@@ -157,9 +157,9 @@ dist.destroy_process_group()
 def test_ranks_are_forked_from_a_server_per_node_kept_while_the_environment_is(
         tmp_path, monkeypatch, nothing_left_behind):
     """A node's torchrun agent and ranks are forked from its warm server
-    (gpulab/distributed/_nodeserver.py), which imported FSDP already; the servers serve the next
-    run, unless its environment differs. With GPULAB_FRESH_RANKS=1 each rank starts as a fresh
-    interpreter under torchrun."""
+    (gpulab/distributed/runtime/nodeserver.py), which imported FSDP already; the servers serve
+    the next run, unless its environment differs. With GPULAB_FRESH_RANKS=1 each rank starts as
+    a fresh interpreter under torchrun."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
 
@@ -239,7 +239,7 @@ def test_teardown_always_cleans_up_and_stale_namespaces_are_swept(tmp_path,
 
 def test_auto_falls_back_to_loopback_and_says_why(monkeypatch, caplog):
     monkeypatch.setattr(netns, "unavailable_reason", lambda: "not root (simulated)")
-    with caplog.at_level(logging.WARNING, logger="gpulab.distributed.cluster"), \
+    with caplog.at_level(logging.WARNING, logger="gpulab.distributed.runtime.cluster"), \
             LocalCluster(2, 2) as cluster:
         assert cluster.isolation == "loopback" and cluster.topology is None
         assert cluster.addresses == ["127.0.0.1", "127.0.0.1"]
@@ -284,7 +284,7 @@ def test_a_start_failure_is_retried_and_a_hang_is_cut_by_the_timeout(tmp_path, c
     script = tmp_path / "hang.py"
     script.write_text(FAIL_START_ONCE_THEN_HANG)
     marker = tmp_path / "failed-once"
-    with caplog.at_level(logging.INFO, logger="gpulab.distributed.cluster"), \
+    with caplog.at_level(logging.INFO, logger="gpulab.distributed.runtime.cluster"), \
             pytest.raises(LaunchTimeout) as caught, \
             LocalCluster(2, 1, isolation="loopback", echo=False) as cluster:
         cluster.run(script, args=[str(marker)], timeout_s=3)

@@ -29,10 +29,10 @@ from gpulab.distributed import (
     LaunchTimeout,
     ProcessGroupStartError,
     RankError,
-    _pickle,
     run_on_ranks,
+    torchrun_script,
 )
-from gpulab.distributed.torchrun import torchrun_script
+from gpulab.distributed.runtime import by_value
 
 pytestmark = pytest.mark.dist
 
@@ -83,8 +83,8 @@ def notebook_module():
 
 
 def is_fork_server(process) -> bool:
-    """The launcher's fork server (gpulab/distributed/_forkserver.py): kept between launches on
-    purpose. Its ranks are its children, and still count."""
+    """The launcher's fork server (gpulab/distributed/runtime/forkserver.py): kept between
+    launches on purpose. Its ranks are its children, and still count."""
     try:
         return any("_forkserver import serve" in part for part in process.cmdline())
     except psutil.Error:
@@ -228,7 +228,7 @@ def _fail_start_always(rank, world_size):
 
 def test_a_start_up_failure_is_retried_once(tmp_path, capsys, caplog, no_leftovers):
     hook = functools.partial(_fail_start_once, str(tmp_path / "failed-once"))
-    with caplog.at_level(logging.INFO, logger="gpulab.distributed.launch"):
+    with caplog.at_level(logging.INFO, logger="gpulab.distributed.runtime.launch"):
         values = Launcher(2, before_init=hook).run(_report, 0)
     assert [v[4] for v in values] == [1.0, 1.0]
     logged = caplog.text
@@ -251,18 +251,18 @@ def test_an_unpicklable_global_is_named():
     namespace = {"lock": lock}
     exec("def uses_lock(rank, world_size):\n    with lock:\n        return rank", namespace)
     with pytest.raises(pickle.PicklingError, match="uses the global `lock`"):
-        _pickle.dumps(namespace["uses_lock"])
+        by_value.dumps(namespace["uses_lock"])
 
 
 def test_notebook_functions_round_trip_by_value():
     notebook = notebook_module()
-    fn = _pickle.loads(_pickle.dumps(notebook.notebook_fn))
+    fn = by_value.loads(by_value.dumps(notebook.notebook_fn))
     assert fn is not notebook.notebook_fn and fn.__globals__ is not notebook.__dict__
     factorial = fn.__globals__["factorial"]
     assert factorial(5) == 120, "a recursive function finds itself in the rebuilt globals"
     net = fn.__globals__["TinyNet"]()
     assert net(torch.ones(3)).item() == 6.0, "a class with super() is rebuilt with its methods"
-    assert _pickle.loads(_pickle.dumps(_report)) is _report, "importable: by reference"
+    assert by_value.loads(by_value.dumps(_report)) is _report, "importable: by reference"
 
 
 NOTEBOOK_CELLS = [
@@ -420,9 +420,9 @@ def test_torchrun_time_limits_count_start_up_apart_from_the_run(tmp_path, monkey
     # The clock of torchrun_script and LocalCluster, on status lines written by hand: timeout_s
     # counts only while no rank is importing or inside init_process_group, however long that
     # took, and a rank that starts again gives start-up its own limit again.
-    from gpulab.distributed import torchrun
-    from gpulab.distributed._torchrun_entry import RAISED_STARTING
-    from gpulab.distributed._worker import StatusBoard
+    from gpulab.distributed.runtime import torchrun
+    from gpulab.distributed.runtime.torchrun_entry import RAISED_STARTING
+    from gpulab.distributed.runtime.worker import StatusBoard
 
     now = [0.0]
     monkeypatch.setattr(torchrun.time, "monotonic", lambda: now[0])
@@ -470,10 +470,8 @@ def test_torchrun_hang_is_cut_by_the_timeout(no_leftovers):
 
 def test_code_sent_by_value_keeps_its_file_name():
     # cloudpickle 3.1.3 renames it "<dynamic-code>"; the labs' messages quote the learner's cell
-    from gpulab.distributed import _pickle
-
     cell = types.ModuleType("__main__")
     exec(compile("def f(x):\n    return x + 1\n", "/tmp/ipykernel_0/cell.py", "exec"),
          cell.__dict__)
-    g = _pickle.loads(_pickle.dumps(cell.f))
+    g = by_value.loads(by_value.dumps(cell.f))
     assert g(1) == 2 and g.__code__.co_filename == "/tmp/ipykernel_0/cell.py"

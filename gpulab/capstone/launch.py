@@ -8,7 +8,7 @@ loop (train.py) on every rank of a LocalCluster (2 nodes x 2 processes by defaul
     run.peak_bytes        # each rank's measured peak during measure_step
     run.profile(rank=0)   # where profile_step's time went on that rank
 
-A multi-node job runs a file on every node: gpulab.distributed.node_script.script_of copies
+A multi-node job runs a file on every node: gpulab.distributed.runtime.node_script.script_of copies
 the functions' sources (and what they use from the notebook) into it, and its end calls
 gpulab.capstone.train.main on each rank. The functions are checked by name only: grading is
 gpulab.checks.capstone's, against references it computes itself.
@@ -27,8 +27,8 @@ from pathlib import Path
 from gpulab.capstone.config import CapstoneConfig
 from gpulab.capstone.plan import ParallelPlan
 from gpulab.capstone.train import PROGRESS
-from gpulab.distributed.cluster import LocalCluster
-from gpulab.distributed.node_script import script_of
+from gpulab.distributed.runtime.cluster import LocalCluster
+from gpulab.distributed.runtime.node_script import script_of
 from gpulab.stubs import is_stub_function
 
 SCRIPT_NAME = "capstone_train.py"

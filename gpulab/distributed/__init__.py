@@ -46,7 +46,6 @@ from gpulab.distributed.cloud_templates import (
     render_vertex_job,
     vertex_job,
 )
-from gpulab.distributed.cluster import ClusterResult, LocalCluster, NodeResult
 from gpulab.distributed.cluster_train import TRAIN_SCRIPT
 from gpulab.distributed.data_parallel import (
     BucketedDDP,
@@ -54,12 +53,6 @@ from gpulab.distributed.data_parallel import (
     OverlappedDDP,
     SyncStats,
     assign_buckets,
-)
-from gpulab.distributed.errors import (
-    LaunchError,
-    LaunchTimeout,
-    ProcessGroupStartError,
-    RankError,
 )
 from gpulab.distributed.groups import (
     GridCoords,
@@ -69,8 +62,6 @@ from gpulab.distributed.groups import (
     new_groups,
 )
 from gpulab.distributed.job_templates import JobSpec, pytorchjob, render_pytorchjob, render_sbatch
-from gpulab.distributed.launch import Launcher, run_on_ranks
-from gpulab.distributed.netns import InterfaceBytes, NetnsError
 from gpulab.distributed.pipeline import (
     ActionTiming,
     GPTStage,
@@ -82,6 +73,16 @@ from gpulab.distributed.pipeline import (
     stage_layers,
 )
 from gpulab.distributed.pipeline_torch import TorchPipeline, torch_pipeline
+from gpulab.distributed.runtime.cluster import ClusterResult, LocalCluster, NodeResult
+from gpulab.distributed.runtime.errors import (
+    LaunchError,
+    LaunchTimeout,
+    ProcessGroupStartError,
+    RankError,
+)
+from gpulab.distributed.runtime.launch import Launcher, run_on_ranks
+from gpulab.distributed.runtime.netns import InterfaceBytes, NetnsError
+from gpulab.distributed.runtime.torchrun import TorchrunResult, torchrun_script
 from gpulab.distributed.schedule import (
     Action,
     Schedule,
@@ -109,7 +110,6 @@ from gpulab.distributed.tensor_parallel import (
     split_to_tp,
     sync_sequence_parallel_grads,
 )
-from gpulab.distributed.torchrun import TorchrunResult, torchrun_script
 from gpulab.distributed.tp_dtensor import block_tp_plan, parallelize_block
 from gpulab.distributed.tp_transformer import (
     LayerComm,

@@ -174,7 +174,7 @@ def _states_on_rank(rank, world_size, names, root):
 def real_states(names=COLLECTIVES, world_size: int = 4, root: int = 0) -> dict:
     """{name: (before, after)} as Pieces, from real gloo runs in one launch: each (rank, slot)
     input is sent as its own power of two, so every sum the collective makes decodes exactly."""
-    from gpulab.distributed.launch import run_on_ranks
+    from gpulab.distributed.runtime.launch import run_on_ranks
 
     if world_size ** 2 > 52:
         raise ValueError("real_states encodes world_size**2 bits in a float64: world_size <= 7")

@@ -293,7 +293,7 @@ def compare_strategies(world_size: int = 2, steps: int = 4, batch_size: int = 24
     per tensor): compare with zero_memory_table(n_params, world_size, 4, 4, 8).
     backend: None for the runner's (nccl, one GPU per rank), or "gloo" to run on CPU processes,
     e.g. on a machine with fewer GPUs than ranks."""
-    from gpulab.distributed.launch import run_on_ranks
+    from gpulab.distributed.runtime.launch import run_on_ranks
 
     if batch_size % world_size:
         raise ValueError(f"batch_size={batch_size} must be a multiple of world_size={world_size}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpulab.capstone import ParallelPlan, run_capstone
 from gpulab.checks.harness.owned import require_own_function
 from gpulab.checks.harness.ranks import learner_frames
-from gpulab.distributed.node_script import SourceNotFound
+from gpulab.distributed.runtime.node_script import SourceNotFound
 from gpulab.env import grading
 from gpulab.stubs import STUB_HINT
 from gpulab.stubs import is_stub_function as is_stub

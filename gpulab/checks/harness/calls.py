@@ -39,7 +39,7 @@ POINT_TO_POINT = ("send", "recv", "batch_isend_irecv")
 # gpulab/distributed/ (it wraps dist.* to tell where a rank waits) is not the learner's doing.
 BORROWED = (("/gpulab/distributed/", "gpulab's own"),
             ("/torch/nn/parallel/distributed.py", "torch's DistributedDataParallel"))
-LAUNCHER_FILES = ("_worker.py", "_pickle.py", "_procs.py")
+LAUNCHER_FILES = ("runtime/worker.py", "runtime/by_value.py", "runtime/processes.py")
 
 
 class CallLog:

@@ -23,8 +23,8 @@ import cloudpickle
 
 from gpulab.checks.harness import calls
 from gpulab.checks.harness.owned import LIBRARY_DIR
-from gpulab.distributed.errors import LaunchTimeout, ProcessGroupStartError, RankError
-from gpulab.distributed.launch import Launcher
+from gpulab.distributed.runtime.errors import LaunchTimeout, ProcessGroupStartError, RankError
+from gpulab.distributed.runtime.launch import Launcher
 from gpulab.stubs import STUB_HINT
 
 # What the ranks return travels through the launcher: these must be the originals.

@@ -16,7 +16,7 @@ from gpulab.checks.harness import calls
 from gpulab.checks.harness.owned import require_own_function
 from gpulab.checks.harness.ranks import launch
 from gpulab.checks.lab3 import ranks as lab3_ranks
-from gpulab.distributed.errors import LaunchTimeout, RankError
+from gpulab.distributed.runtime.errors import LaunchTimeout, RankError
 
 RING_TIMEOUT_S = 20.0  # a ring on these sizes takes well under a second; a deadlock, forever
 HINT = 'gpulab.hint("lab3", "ring_all_reduce")'

@@ -5,7 +5,7 @@ ranks, trained one step with 1F1B on a LocalCluster, against the same GPT in one
     check_pp_tp_cluster(pp_tp_step, TPMLP, CopyToTP, ReduceFromTP, ColumnParallelLinear,
                         RowParallelLinear, one_f_one_b_stage, n_microbatches=4)
 
-What happens: the learner's code is written out as a script (gpulab.distributed.node_script:
+What happens: the learner's code is written out as a script (gpulab.distributed.runtime.node_script:
 their sources and what those use from the notebook), every node of a LocalCluster(nodes,
 procs_per_node) runs it under torchrun, and on each rank the end of the script (cluster_rank.py)
 calls pp_tp_step once per case and saves the stage's parameters and gradients. Here, the same
@@ -38,11 +38,11 @@ from gpulab.checks.harness.ranks import learner_frames
 from gpulab.checks.harness.training import one_thread
 from gpulab.checks.lab5 import cluster_grade as lab5_cluster_grade
 from gpulab.checks.lab5 import cluster_rank as lab5_cluster_rank
-from gpulab.distributed.cluster import LocalCluster
-from gpulab.distributed.cluster_result import START_FAILURE
-from gpulab.distributed.errors import LaunchTimeout, ProcessGroupStartError
 from gpulab.distributed.groups import RankGrid
-from gpulab.distributed.node_script import SourceNotFound, script_of
+from gpulab.distributed.runtime.cluster import LocalCluster
+from gpulab.distributed.runtime.cluster_result import START_FAILURE
+from gpulab.distributed.runtime.errors import LaunchTimeout, ProcessGroupStartError
+from gpulab.distributed.runtime.node_script import SourceNotFound, script_of
 from gpulab.models import GPT, GPTConfig
 
 RUN_TIMEOUT_S = 30.0  # one step of this GPT takes about a second; a hang, forever

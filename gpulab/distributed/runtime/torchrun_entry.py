@@ -1,9 +1,9 @@
 """What each torchrun worker runs before the learner's script (see torchrun.py):
 
-    torchrun ... -m gpulab.distributed._torchrun_entry REPORT_DIR script.py ARGS...
+    torchrun ... -m gpulab.distributed.runtime.torchrun_entry REPORT_DIR script.py ARGS...
 
 It dies with its parent (the torchrun agent), records where it waits (the status line of
-_worker.py, in REPORT_DIR: "init" inside init_process_group, which the launchers count as
+worker.py, in REPORT_DIR: "init" inside init_process_group, which the launchers count as
 start-up), registers a stack dump on SIGUSR1, then runs script.py as `python script.py ARGS`
 would. An uncaught exception is written to REPORT_DIR/rank{N}.error
 (time, type, traceback) so the caller can name the rank that failed first, and printed without
@@ -51,8 +51,8 @@ def watch_init(dist, board) -> None:
 
 
 def main(report_dir: str, script: str, *args: str) -> None:
-    from gpulab.distributed._procs import STACK_SIGNAL, die_with_parent
-    from gpulab.distributed._worker import StatusBoard, watch_collectives
+    from gpulab.distributed.runtime.processes import STACK_SIGNAL, die_with_parent
+    from gpulab.distributed.runtime.worker import StatusBoard, watch_collectives
 
     die_with_parent(os.getppid())
     report, rank = Path(report_dir), int(os.environ.get("RANK", "0"))

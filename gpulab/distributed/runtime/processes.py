@@ -5,7 +5,7 @@ comes back prefixed with its rank, stack dumps of hung processes, and a stop tha
 - every child runs in its own session (process group), so one killpg reaches what it started;
 - on Linux, PR_SET_PDEATHSIG kills a child the moment its parent dies (a crashed kernel);
 - the ranks of run_on_ranks also watch a pipe from the launcher: end of file before they have
-  finished means the launcher is gone (this one works on macOS too, see _worker.py);
+  finished means the launcher is gone (this one works on macOS too, see worker.py);
 - `stop` snapshots the whole process tree (psutil) before it signals, so grandchildren that
   left their session (torchrun's workers do) are killed too.
 """
@@ -153,7 +153,7 @@ def dump_stacks(pids: dict[int, int], stack_files: dict[int, Path], wait_s: floa
 def user_stack(text: str) -> str:
     """From a faulthandler dump of all threads, the main thread's frames above the launcher's
     entry function (the frames of the launcher itself and of runpy are left out)."""
-    entries = ("_worker.py", "_torchrun_entry.py")
+    entries = ("runtime/worker.py", "runtime/torchrun_entry.py")
     blocks = text.strip().split("\n\n")
     def is_entry(line: str) -> bool:
         return any(e in line for e in entries) and line.rstrip().endswith(" in main")

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.distributed._worker import StatusBoard
+from gpulab.distributed.runtime.worker import StatusBoard
 
 
 @dataclass(frozen=True)

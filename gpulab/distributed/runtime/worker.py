@@ -1,12 +1,12 @@
 """One rank of `run_on_ranks`: a fresh Python process that joins the process group, runs the
 function, sends its return value back, and waits for the launcher's word to leave.
 
-The launcher (gpulab/distributed/launch.py) starts it as
+The launcher (gpulab/distributed/runtime/launch.py) starts it as
     python -c "<bootstrap>" LAUNCH_DIR RANK
 and talks to it through files in LAUNCH_DIR and one pipe:
 
     spec.json           world_size, backend, store address, sys.path, the parent's pid
-    payload.pkl         (fn, args, kwargs, before_init), pickled by gpulab.distributed._pickle
+    payload.pkl         (fn, args, kwargs, before_init), pickled by by_value.py
     rank{N}.status      a small memory-mapped line "phase|since|detail", rewritten in place,
                         so the launcher can say where a hung rank is waiting
     rank{N}.stack       where faulthandler writes this rank's Python stacks on SIGUSR1
@@ -142,12 +142,12 @@ def _peer(name, args, kwargs) -> str:
 
 
 def _write_result(launch_dir: Path, rank: int, result: tuple) -> None:
-    from gpulab.distributed import _pickle
+    from gpulab.distributed.runtime import by_value
 
     try:
-        data = _pickle.dumps(result)
+        data = by_value.dumps(result)
     except Exception as error:  # noqa: BLE001 - an unpicklable return value becomes an error
-        data = _pickle.dumps(("error", "return", type(error).__name__, str(error),
+        data = by_value.dumps(("error", "return", type(error).__name__, str(error),
                               f"the return value of rank {rank} could not be sent back: {error}",
                               None, time.time()))
     tmp = launch_dir / f"rank{rank}.result.tmp"
@@ -159,9 +159,9 @@ def _error(phase: str, error: BaseException) -> tuple:
     tb = error.__traceback__.tb_next if error.__traceback__ else None  # drop this file's frame
     text = "".join(traceback.format_exception(type(error), error, tb))
     try:
-        from gpulab.distributed import _pickle
+        from gpulab.distributed.runtime import by_value
 
-        _pickle.loads(_pickle.dumps(error))
+        by_value.loads(by_value.dumps(error))
         exc = error
     except Exception:  # noqa: BLE001 - the text is enough when the object cannot travel
         exc = None
@@ -171,10 +171,10 @@ def _error(phase: str, error: BaseException) -> tuple:
 def main(launch_dir: str, rank_text: str, go_fd: int | None = None,
          parent_pid: int | None = None) -> None:
     """Run rank `rank_text` of the launch in `launch_dir`. A rank forked by the fork server
-    (_forkserver.py) names its own "go" pipe and parent: the spec's are the launcher's."""
+    (forkserver.py) names its own "go" pipe and parent: the spec's are the launcher's."""
     launch_dir, rank = Path(launch_dir), int(rank_text)
     spec = json.loads((launch_dir / "spec.json").read_text())
-    from gpulab.distributed._procs import STACK_SIGNAL, die_with_parent
+    from gpulab.distributed.runtime.processes import STACK_SIGNAL, die_with_parent
 
     die_with_parent(spec["parent_pid"] if parent_pid is None else parent_pid)
     board = StatusBoard(launch_dir / f"rank{rank}.status")
@@ -196,9 +196,9 @@ def main(launch_dir: str, rank_text: str, go_fd: int | None = None,
 
     board.set("load", "unpickling the function")
     try:
-        from gpulab.distributed import _pickle
+        from gpulab.distributed.runtime import by_value
 
-        fn, args, kwargs, before_init = _pickle.loads((launch_dir / "payload.pkl").read_bytes())
+        fn, args, kwargs, before_init = by_value.loads((launch_dir / "payload.pkl").read_bytes())
         board.set("init", "init_process_group")
         import torch.distributed as dist
 

@@ -11,8 +11,8 @@ What it does for you, and why:
 - a fresh interpreter per rank, never a fork of the caller (forking a process that already has
   torch's or Numba's threads can deadlock the child); on CPU (gloo, Linux) the ranks are forked
   from a server that imported torch once and ran nothing else, which saves each rank about 2.5 s
-  of CPU (_forkserver.py says why that fork is safe);
-- the function may be defined in the notebook itself: it travels by value (see _pickle.py);
+  of CPU (forkserver.py says why that fork is safe);
+- the function may be defined in the notebook itself: it travels by value (see by_value.py);
 - each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
   torchrun sets them, joins the default process group with the runner's backend (gloo on CPU,
   nccl with one GPU per rank on a GPU runner) and leaves it at the end;
@@ -22,7 +22,7 @@ What it does for you, and why:
 - an exception on a rank comes back as RankError with that rank's traceback, and the other
   ranks are stopped; a hang is cut by the time limit with LaunchTimeout, which says where each
   rank was waiting; a start-up failure of the process group is retried once;
-- no process outlives the call, whatever happens (see _procs.py).
+- no process outlives the call, whatever happens (see processes.py).
 
 Taught in: lessons/04_distributed_fundamentals.ipynb
 """
@@ -42,12 +42,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpulab.distributed import _forkserver, _pickle, _procs
-from gpulab.distributed._worker import PHASES, StatusBoard, describe
-from gpulab.distributed.errors import LaunchTimeout, ProcessGroupStartError, RankError
+from gpulab.distributed.runtime import by_value, forkserver, processes
+from gpulab.distributed.runtime.errors import LaunchTimeout, ProcessGroupStartError, RankError
+from gpulab.distributed.runtime.worker import PHASES, StatusBoard, describe
 
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from gpulab.distributed._worker import main; main(*sys.argv[1:3])")
+         "from gpulab.distributed.runtime.worker import main; main(*sys.argv[1:3])")
 _RUN = PHASES.index("run")
 _log = logging.getLogger(__name__)
 _ERROR_GRACE_S = 0.3  # after a first error, how long other ranks get to report their own
@@ -69,7 +69,7 @@ class Launcher:
     def run(self, fn, *args, **kwargs) -> list:
         """fn(rank, world_size, *args, **kwargs) on every rank; the return values in rank order."""
         backend = self._backend()
-        payload = _pickle.dumps((fn, args, kwargs, self.before_init))
+        payload = by_value.dumps((fn, args, kwargs, self.before_init))
         for attempt in range(self.start_retries + 1):
             try:
                 return self._attempt(payload, backend)
@@ -103,7 +103,7 @@ class Launcher:
         go_read, go_write = os.pipe()  # not inherited, except by the ranks (pass_fds)
         procs: list[subprocess.Popen] = []
         boards: list[StatusBoard] = []
-        forwarder = _procs.OutputForwarder(echo=self.echo, hold=True)  # until all run
+        forwarder = processes.OutputForwarder(echo=self.echo, hold=True)  # until all run
         try:
             boards += [StatusBoard(launch_dir / f"rank{r}.status", create=True)
                        for r in range(self.world_size)]
@@ -112,14 +112,14 @@ class Launcher:
                 "world_size": self.world_size, "backend": backend, "store_host": "127.0.0.1",
                 "store_port": store.port, "pg_timeout_s": pg_timeout_s,
                 "parent_pid": os.getpid(), "go_fd": go_read, "sys_path": sys.path}))
-            server = _forkserver.shared_server() if _forkserver.available(backend) else None
+            server = forkserver.shared_server() if forkserver.available(backend) else None
             for rank in range(self.world_size):
                 env = self._env(rank, backend, store.port)
                 if server is not None:
                     procs.append(server.start([str(launch_dir), str(rank)], env, go_read))
                 else:
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-c", _BOOT.format(root=_procs.PACKAGE_ROOT),
+                        [sys.executable, "-c", _BOOT.format(root=processes.PACKAGE_ROOT),
                          str(launch_dir), str(rank)], env=env, stdin=subprocess.DEVNULL,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(go_read,),
                         start_new_session=True))  # its own process group: one killpg stops it
@@ -143,7 +143,7 @@ class Launcher:
             for fd in (go_read, go_write):
                 if fd is not None:
                     os.close(fd)
-            _procs.stop([p for p in procs if p.poll() is None], self.kill_grace_s)
+            processes.stop([p for p in procs if p.poll() is None], self.kill_grace_s)
             forwarder.finish()
             for board in boards:
                 board.close()
@@ -162,7 +162,7 @@ class Launcher:
             # N ranks that each start one thread per core would fight over the cores.
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
                                                       // self.world_size)))
-            loopback = _procs.loopback_interface()  # one machine: talk over loopback
+            loopback = processes.loopback_interface()  # one machine: talk over loopback
             if loopback:
                 env.setdefault("GLOO_SOCKET_IFNAME", loopback)
         return env
@@ -177,7 +177,7 @@ class Launcher:
             for rank in range(len(procs)):
                 path = launch_dir / f"rank{rank}.result"
                 if rank not in results and path.exists():
-                    results[rank] = _pickle.loads(path.read_bytes())
+                    results[rank] = by_value.loads(path.read_bytes())
             dead = {r: p.returncode for r, p in enumerate(procs)
                     if r not in results and p.poll() is not None}
             failed = dead or any(res[0] == "error" for res in results.values())
@@ -236,8 +236,8 @@ class Launcher:
         running = {r: p.pid for r, p in enumerate(procs)
                    if p.poll() is None and _phase(boards[r]) < PHASES.index("done")}
         where = {r: describe(boards[r]) for r in running}
-        stacks = _procs.dump_stacks(running, {r: launch_dir / f"rank{r}.stack" for r in running})
-        stacks = {r: _procs.user_stack(text) for r, text in stacks.items() if text.strip()}
+        stacks = processes.dump_stacks(running, {r: launch_dir / f"rank{r}.stack" for r in running})
+        stacks = {r: processes.user_stack(text) for r, text in stacks.items() if text.strip()}
         done = [r for r in range(len(procs)) if r not in running]
         lines = [f"the function did not finish on every rank within timeout_s={self.timeout_s:g}"
                  " s; every rank was stopped.", "Still running:"]

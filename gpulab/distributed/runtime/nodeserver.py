@@ -10,11 +10,11 @@ four ranks and two agents (over half of the run's CPU).
 
 The server is started as the node's agent would be (same environment, same network namespace,
 since a forked process keeps its parent's), binds a Unix socket at `path`, imports WARM once,
-and forks a process for each _node_client.py that connects, as _forkserver.py does for
+and forks a process for each node_client.py that connects, as forkserver.py does for
 run_on_ranks: it runs no torch op and starts no thread, so forking it is safe. The child takes
 the client's environment, working directory and standard streams, then runs what `python -m
-torch.distributed.run ARGS` (the agent) or `python -m gpulab.distributed._torchrun_entry REPORT
-script.py ARGS` (a rank) would.
+torch.distributed.run ARGS` (the agent) or `python -m gpulab.distributed.runtime.torchrun_entry
+REPORT script.py ARGS` (a rank) would.
 
 No orphans: the server dies with the launcher (PR_SET_PDEATHSIG) and is stopped when the
 cluster is left; each child dies with the server, and kills itself when its client's pipe
@@ -38,17 +38,23 @@ import sys
 import threading
 from pathlib import Path
 
-from gpulab.distributed import _forkserver, _procs
-from gpulab.distributed._forkserver import OFF_VARIABLE, lasting, live_as_child, take_environment
-from gpulab.distributed._procs import PACKAGE_ROOT
+from gpulab.distributed.runtime import forkserver, processes
+from gpulab.distributed.runtime.forkserver import (
+    OFF_VARIABLE,
+    lasting,
+    live_as_child,
+    take_environment,
+)
+from gpulab.distributed.runtime.processes import PACKAGE_ROOT
 
-CLIENT = str(Path(__file__).with_name("_node_client.py"))
+CLIENT = str(Path(__file__).with_name("node_client.py"))
 # What any rank imports, what the course's cluster scripts add (FSDP2 and checkpointing), and
 # torchrun's agent.
-WARM = (*_forkserver.WARM, "gpulab.distributed._torchrun_entry", "torch.distributed.fsdp",
+WARM = (*forkserver.WARM, "gpulab.distributed.runtime.torchrun_entry", "torch.distributed.fsdp",
         "torch.distributed.checkpoint", "torch.distributed.run")
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from gpulab.distributed._nodeserver import serve; serve(sys.argv[1], int(sys.argv[2]))")
+         "from gpulab.distributed.runtime.nodeserver import serve; "
+         "serve(sys.argv[1], int(sys.argv[2]))")
 _MAX_MESSAGE = 1 << 20
 
 
@@ -83,7 +89,7 @@ class NodeServer:
         return ["--no-python", sys.executable, CLIENT, self.path]
 
     def close(self) -> None:
-        _procs.stop([self._proc])
+        processes.stop([self._proc])
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
@@ -94,7 +100,7 @@ class NodeServer:
 def serve(path: str, launcher_pid: int) -> None:
     """Bind `path`, import WARM, then fork an agent or a rank per client until the launcher
     stops it."""
-    _procs.die_with_parent(launcher_pid)
+    processes.die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the launcher's to handle
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)  # first: clients that connect while it imports wait in the backlog
@@ -145,14 +151,14 @@ def _send(conn: socket.socket, event: dict) -> None:
 
 def _become(listener, conn, request: dict, fds: list[int]) -> None:
     """In the child: the agent `python -m torch.distributed.run ARGV` or the rank `python -m
-    gpulab.distributed._torchrun_entry ARGV` would be."""
+    gpulab.distributed.runtime.torchrun_entry ARGV` would be."""
 
     def life() -> None:
         server = os.getppid()
         os.setsid()
         listener.close()
         conn.close()
-        _procs.die_with_parent(server)
+        processes.die_with_parent(server)
         *streams, alive = fds
         for source, target in zip(streams, (0, 1, 2), strict=True):
             os.dup2(source, target)
@@ -164,7 +170,7 @@ def _become(listener, conn, request: dict, fds: list[int]) -> None:
             sys.argv = ["torchrun", *request["argv"]]
             runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
             return
-        from gpulab.distributed._torchrun_entry import main
+        from gpulab.distributed.runtime.torchrun_entry import main
 
         main(*request["argv"])
 

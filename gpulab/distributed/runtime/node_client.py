@@ -1,21 +1,21 @@
 """What a LocalCluster node starts in place of its torchrun agent and of each of its ranks when
-the node has a warm server (_nodeserver.py): a process that imports only the standard library,
+the node has a warm server (nodeserver.py): a process that imports only the standard library,
 has the server fork the real one, and stands in for it until it exits.
 
-    _node_client.py SERVER_SOCKET --agent TORCHRUN_ARGS...     the launcher, for the agent
-    torchrun ... --no-python PYTHON _node_client.py SERVER_SOCKET REPORT_DIR script.py ARGS...
+    node_client.py SERVER_SOCKET --agent TORCHRUN_ARGS...     the launcher, for the agent
+    torchrun ... --no-python PYTHON node_client.py SERVER_SOCKET REPORT_DIR script.py ARGS...
 
 To whoever started it, it looks like the process it stands for: the signals sent to it
 (SIGTERM, then SIGKILL to its session) reach that process, forwarded or through a pipe that
 closes when this one dies, and it exits as that process did, with its code or by its signal.
 It dies with its own parent (PR_SET_PDEATHSIG), so a killed agent takes its ranks' clients, and
 so their ranks, with it. If no server answers, it becomes the process itself:
-`python -m torch.distributed.run` or `python -m gpulab.distributed._torchrun_entry`.
+`python -m torch.distributed.run` or `python -m gpulab.distributed.runtime.torchrun_entry`.
 """
 
 import sys
 
-del sys.path[0]  # run by path: its folder must not shadow the standard library (_pickle.py)
+del sys.path[0]  # run by path: its folder must not shadow the standard library (by_value.py)
 
 import ctypes  # noqa: E402
 import json  # noqa: E402
@@ -29,11 +29,11 @@ CONNECT_WAIT_S = 10.0  # the server binds its socket first, then imports: it is 
 MAX_MESSAGE = 1 << 20
 PR_SET_PDEATHSIG = 1
 AGENT = "--agent"
-FRESH = {"agent": "torch.distributed.run", "rank": "gpulab.distributed._torchrun_entry"}
+FRESH = {"agent": "torch.distributed.run", "rank": "gpulab.distributed.runtime.torchrun_entry"}
 
 
 def _die_with_parent() -> None:
-    """_procs.die_with_parent, for the parent of the moment: importing _procs would import
+    """processes.die_with_parent, for the parent of the moment: importing _procs would import
     gpulab.distributed, and with it torch, the cost this process exists to avoid."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):

@@ -35,15 +35,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.distributed import _procs
-from gpulab.distributed._procs import PACKAGE_ROOT
-from gpulab.distributed._torchrun_entry import RAISED_STARTING
-from gpulab.distributed._worker import StatusBoard, describe, read_status
-from gpulab.distributed.errors import LaunchTimeout, RankError
+from gpulab.distributed.runtime import processes
+from gpulab.distributed.runtime.errors import LaunchTimeout, RankError
+from gpulab.distributed.runtime.processes import PACKAGE_ROOT
+from gpulab.distributed.runtime.torchrun_entry import RAISED_STARTING
+from gpulab.distributed.runtime.worker import StatusBoard, describe, read_status
 
 # The agent dies with the caller (PR_SET_PDEATHSIG) before torchrun's own code starts.
 _AGENT_BOOT = ("import os, sys, runpy; sys.path.insert(0, {root!r}); "
-               "from gpulab.distributed._procs import die_with_parent; "
+               "from gpulab.distributed.runtime.processes import die_with_parent; "
                "die_with_parent({parent}); "
                "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)")
 
@@ -80,7 +80,7 @@ def torchrun_script(source_text: str, nproc_per_node: int, nnodes: int = 1,
     script.write_text(textwrap.dedent(source_text))
     report = work / "report"
     report.mkdir()
-    forwarder = _procs.OutputForwarder(keep_lines=None, echo=echo)
+    forwarder = processes.OutputForwarder(keep_lines=None, echo=echo)
     agents: list[subprocess.Popen] = []
     try:
         for node_rank, command in enumerate(_commands(nproc_per_node, nnodes, report, script,
@@ -98,7 +98,7 @@ def torchrun_script(source_text: str, nproc_per_node: int, nnodes: int = 1,
         failed_rank, error = _first_failure(report, stderr) if returncode else (None, "")
         result = TorchrunResult(returncode, stdout, stderr, failed_rank, error)
     finally:
-        _procs.stop(agents)  # the tree: agents and the workers in their own sessions
+        processes.stop(agents)  # the tree: agents and the workers in their own sessions
         forwarder.finish()
         shutil.rmtree(work, ignore_errors=True)
     if check and not result.ok:
@@ -184,14 +184,14 @@ def _commands(nproc_per_node, nnodes, report: Path, script: Path, args) -> list[
     if nnodes == 1:
         rendezvous = [["--standalone"]]
     else:  # nnodes agents on this machine, as on a cluster: one c10d rendezvous for the job
-        endpoint, job = f"127.0.0.1:{_procs.free_port()}", f"gpulab-{uuid.uuid4().hex[:8]}"
+        endpoint, job = f"127.0.0.1:{processes.free_port()}", f"gpulab-{uuid.uuid4().hex[:8]}"
         rendezvous = [["--nnodes", str(nnodes), "--rdzv-backend", "c10d",
                        "--rdzv-endpoint", endpoint, "--rdzv-id", job,
                        "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}"]
                       for i in range(nnodes)]
     return [boot + rdzv + ["--nproc-per-node", str(nproc_per_node), "--tee", "3",
-                           "-m", "gpulab.distributed._torchrun_entry", str(report), str(script),
-                           *map(str, args)]
+                           "-m", "gpulab.distributed.runtime.torchrun_entry", str(report),
+                           str(script), *map(str, args)]
             for rdzv in rendezvous]
 
 
@@ -203,7 +203,7 @@ def _env(nproc_per_node: int, extra: dict[str, str] | None) -> dict[str, str]:
                PYTHONPATH=os.pathsep.join([PACKAGE_ROOT,
                                            *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
-    loopback = _procs.loopback_interface()
+    loopback = processes.loopback_interface()
     if loopback:
         env.setdefault("GLOO_SOCKET_IFNAME", loopback)
     env.update(extra or {})
@@ -236,8 +236,8 @@ def _timeout(report: Path, world_size: int, limit: str) -> LaunchTimeout:
         board.close()
     running = {r: pid for r, pid in pids.items() if pid and not where.get(r, "").startswith(
         "finished")}
-    stacks = _procs.dump_stacks(running, {r: report / f"rank{r}.stack" for r in running})
-    stacks = {r: _procs.user_stack(text) for r, text in stacks.items() if text.strip()}
+    stacks = processes.dump_stacks(running, {r: report / f"rank{r}.stack" for r in running})
+    stacks = {r: processes.user_stack(text) for r, text in stacks.items() if text.strip()}
     lines = [f"torchrun did not finish within {limit} s; torchrun and every rank were stopped."]
     lines += [f"  rank {r}: {w}" for r, w in sorted(where.items())]
     missing = sorted(set(range(world_size)) - set(where))

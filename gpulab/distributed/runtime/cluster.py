@@ -21,9 +21,9 @@ numbers the nodes itself, so global ranks need not follow LocalCluster's node or
 hostname, whose address does not exist inside the namespace.
 
 On the cpu runner (Linux) each node also has a warm server that forks its agent and its ranks
-(_nodeserver.py): the launcher runs `python _node_client.py SOCKET --agent ARGS` for the agent,
-and torchrun `--no-python python _node_client.py SOCKET REPORT script.py ARGS` instead of `-m
-gpulab.distributed._torchrun_entry`, so that neither spends the 3 to 5 s of CPU a fresh
+(nodeserver.py): the launcher runs `python node_client.py SOCKET --agent ARGS` for the agent,
+and torchrun `--no-python python node_client.py SOCKET REPORT script.py ARGS` instead of `-m
+gpulab.distributed.runtime.torchrun_entry`, so that neither spends the 3 to 5 s of CPU a fresh
 interpreter spends importing torch. The servers live as long as the `with` block, and are
 replaced when a run's environment differs; GPULAB_FRESH_RANKS=1 turns them off.
 
@@ -50,12 +50,17 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpulab.distributed import _nodeserver, _procs, netns
-from gpulab.distributed._procs import PACKAGE_ROOT
-from gpulab.distributed._worker import describe_status, read_status
-from gpulab.distributed.cluster_result import START_FAILURE, ClusterResult, NodeResult, diagnose
-from gpulab.distributed.errors import ProcessGroupStartError, RankError
-from gpulab.distributed.torchrun import _AGENT_BOOT, RunClock, _timeout, starting_ranks
+from gpulab.distributed.runtime import netns, nodeserver, processes
+from gpulab.distributed.runtime.cluster_result import (
+    START_FAILURE,
+    ClusterResult,
+    NodeResult,
+    diagnose,
+)
+from gpulab.distributed.runtime.errors import ProcessGroupStartError, RankError
+from gpulab.distributed.runtime.processes import PACKAGE_ROOT
+from gpulab.distributed.runtime.torchrun import _AGENT_BOOT, RunClock, _timeout, starting_ranks
+from gpulab.distributed.runtime.worker import describe_status, read_status
 
 _log = logging.getLogger(__name__)
 _GIVE_UP_GRACE_S = 1.0  # after a node's agent fails: time for the others to report their own
@@ -86,7 +91,7 @@ class LocalCluster:
         self.topology: netns.NetnsTopology | None = None
         self.addresses: list[str] = []  # node i's address, once entered
         self._open = False  # between __enter__ and __exit__
-        self._servers: list[_nodeserver.NodeServer] = []  # each node's rank server
+        self._servers: list[nodeserver.NodeServer] = []  # each node's rank server
         self._server_dir: str | None = None
 
     @property
@@ -175,7 +180,7 @@ class LocalCluster:
 
     def _attempt(self, script, args, env, timeout_s, max_restarts, attempt) -> ClusterResult:
         report = Path(tempfile.mkdtemp(prefix="gpulab-cluster-"))
-        forwarder = _procs.OutputForwarder(keep_lines=None, echo=self.echo)
+        forwarder = processes.OutputForwarder(keep_lines=None, echo=self.echo)
         agents: list[subprocess.Popen] = []
         env = self._env(env)
         try:
@@ -193,14 +198,14 @@ class LocalCluster:
             forwarder.finish()
             return self._result(codes, failed_first, started, report, forwarder, attempt)
         finally:
-            _procs.stop(agents)  # whole trees: agents, and workers in their own sessions
+            processes.stop(agents)  # whole trees: agents, and workers in their own sessions
             forwarder.finish()
             shutil.rmtree(report, ignore_errors=True)
 
-    def _node_servers(self, env: dict[str, str]) -> list[_nodeserver.NodeServer]:
+    def _node_servers(self, env: dict[str, str]) -> list[nodeserver.NodeServer]:
         """Each node's rank server, started with the run's environment (and kept for the next
-        run with the same one); none where ranks start fresh (see _nodeserver.py)."""
-        if not _nodeserver.available(env.get("GPULAB_RUNNER", "")):
+        run with the same one); none where ranks start fresh (see nodeserver.py)."""
+        if not nodeserver.available(env.get("GPULAB_RUNNER", "")):
             return []
         if self._servers and all(server.usable(env) for server in self._servers):
             return self._servers
@@ -209,7 +214,7 @@ class LocalCluster:
         for node_rank in range(self.nodes):
             prefix = self.topology.exec_prefix(node_rank) if self.topology else []
             path = Path(self._server_dir) / f"node{node_rank}.sock"
-            self._servers.append(_nodeserver.NodeServer(path, prefix, env))
+            self._servers.append(nodeserver.NodeServer(path, prefix, env))
         return self._servers
 
     def _close_servers(self) -> None:
@@ -221,12 +226,12 @@ class LocalCluster:
             self._server_dir = None
 
     def _commands(self, script, script_args, report: Path, max_restarts: int,
-                  servers: list[_nodeserver.NodeServer]) -> list[list[str]]:
+                  servers: list[nodeserver.NodeServer]) -> list[list[str]]:
         endpoint_addr = self.addresses[0]
         if self.topology is not None:  # ask node 0's own kernel: the port must be free there
             port = self.topology.free_port(0)
         else:
-            port = _procs.free_port()
+            port = processes.free_port()
         job = f"gpulab-{uuid.uuid4().hex[:8]}"
         boot = [sys.executable, "-c", _AGENT_BOOT.format(root=PACKAGE_ROOT, parent=os.getpid())]
         commands = []
@@ -240,7 +245,7 @@ class LocalCluster:
                 "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'}",
                 "--local-addr", address, "--max-restarts", str(max_restarts), "--tee", "3",
                 *(servers[node_rank].client_command() if servers
-                  else ["-m", "gpulab.distributed._torchrun_entry"]),
+                  else ["-m", "gpulab.distributed.runtime.torchrun_entry"]),
                 str(report), str(script), *map(str, script_args)]
             commands.append(servers[node_rank].agent_command(prefix, args) if servers
                             else prefix + boot + args)
@@ -250,7 +255,7 @@ class LocalCluster:
         import gpulab
 
         interface = (self.topology.interface if self.topology is not None
-                     else _procs.loopback_interface() or "lo")
+                     else processes.loopback_interface() or "lo")
         env = dict(os.environ, GPULAB_RUNNER=gpulab.runner.name, PYTHONUNBUFFERED="1",
                    MPLBACKEND="Agg", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank ${rank}] ",
                    PYTHONPATH=os.pathsep.join([PACKAGE_ROOT, *filter(None, [os.environ.get(
@@ -294,7 +299,7 @@ class LocalCluster:
                 # up (torchrun waits minutes at its exit barrier): stop them shortly after.
                 gave_up_at = gave_up_at or now
                 if now - gave_up_at > _GIVE_UP_GRACE_S:
-                    _procs.stop([a for a in agents if a.poll() is None])
+                    processes.stop([a for a in agents if a.poll() is None])
                     return [a.poll() for a in agents], failed_first, started
             elif limit and starting:  # (limits apply to a live run only)
                 where = "; ".join(f"rank {r}: {_where(report, r)}" for r in starting)
@@ -317,7 +322,7 @@ class LocalCluster:
 
 
 def _where(report: Path, rank: int) -> str:
-    """What a starting rank is doing, in words (see _worker.describe)."""
+    """What a starting rank is doing, in words (see worker.describe)."""
     path = report / f"rank{rank}.status"
     if not path.exists():
         return "not started: its node is still in rendezvous?"

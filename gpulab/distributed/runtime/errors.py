@@ -1,5 +1,5 @@
 """What can go wrong when a function runs on several ranks, each as an exception that says
-which rank, where, and what to look at. Raised by gpulab.distributed.launch."""
+which rank, where, and what to look at. Raised by gpulab.distributed.runtime.launch."""
 
 from __future__ import annotations
 

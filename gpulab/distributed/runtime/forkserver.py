@@ -19,9 +19,9 @@ initialized in the rank itself, and a GPU rank's 2 s are small beside its work. 
 launcher's environment changes (a cell sets os.environ[...]), the server is replaced, since
 what it imported read the old one. GPULAB_FRESH_RANKS=1 turns the server off.
 
-No orphans (see _procs.py): the server and each child die with their parent
+No orphans (see processes.py): the server and each child die with their parent
 (PR_SET_PDEATHSIG), the server exits when the launcher's end of its socket closes, and every
-child is in its own session, so `_procs.stop` reaches it by its pid as it reaches a Popen's.
+child is in its own session, so `processes.stop` reaches it by its pid as it reaches a Popen's.
 """
 
 from __future__ import annotations
@@ -40,22 +40,22 @@ import threading
 import time
 from collections.abc import Mapping
 
-from gpulab.distributed._procs import PACKAGE_ROOT
+from gpulab.distributed.runtime.processes import PACKAGE_ROOT
 
 OFF_VARIABLE = "GPULAB_FRESH_RANKS"  # "1": every rank in a fresh interpreter
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from gpulab.distributed._forkserver import serve; serve(*map(int, sys.argv[1:3]))")
+         "from gpulab.distributed.runtime.forkserver import serve; serve(*map(int, sys.argv[1:3]))")
 # What a rank imports (gpulab decides the runner, as in each rank). torch._dynamo too: a rank's
 # first optimizer, and FSDP and DTensor calls, import it on the spot (torch._disable_dynamo),
 # about 2 s of CPU in every rank if the server has not.
 WARM = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor", "gpulab",
-        "gpulab.distributed._pickle", "gpulab.distributed._worker")
+        "gpulab.distributed.runtime.by_value", "gpulab.distributed.runtime.worker")
 _MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
 _START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
 # Variables that change while nothing a server imported reads them: pytest names the running
 # test and its phase in PYTEST_CURRENT_TEST. Replacing the server for them would import torch
 # again for every test that launches ranks (each rank still gets the launcher's environment).
-# The node servers of a LocalCluster follow the same rule (_nodeserver.py).
+# The node servers of a LocalCluster follow the same rule (nodeserver.py).
 VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 
 
@@ -244,7 +244,7 @@ class ForkServer:
 def serve(fd: int, launcher_pid: int) -> None:
     """The server's loop: fork a rank per request, report each child's pid and exit code;
     exit when the launcher's end closes."""
-    from gpulab.distributed._procs import die_with_parent
+    from gpulab.distributed.runtime.processes import die_with_parent
 
     die_with_parent(launcher_pid)
     sock = socket.socket(fileno=fd)
@@ -299,7 +299,7 @@ def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
             os.close(source)
         take_environment(request["env"])
         sys.argv = ["-c", *request["argv"]]
-        from gpulab.distributed._worker import main
+        from gpulab.distributed.runtime.worker import main
 
         main(*request["argv"], go_fd=go_fd, parent_pid=os.getppid())
 
