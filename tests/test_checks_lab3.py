@@ -1,7 +1,8 @@
 """Lab 3's checkers pass the lab's own solution, run on real processes, and fail, with the message
-that teaches, on the wrong versions learners write: a ring that averages, that sends the wrong
-chunk, that skips the all-gather, that deadlocks, that leaves a transposed tensor untouched, that
-calls dist.all_reduce or gpulab's ring, that gets the sums right by sending whole tensors or too
+that teaches, on the wrong versions learners write: a ring that averages, that sends or
+receives the wrong chunk (a wrong sum, or gloo's abort when the chunks differ in size), that
+skips the all-gather, that deadlocks, that leaves a transposed tensor untouched, that calls
+dist.all_reduce or gpulab's ring, that gets the sums right by sending whole tensors or too
 many messages; a wrapper that does not divide, does not broadcast,
 averages the start, all-reduces only after backward, never waits, blocks in its hooks, launches
 buckets out of order, broadcasts on rank 0 only; a training loop without set_epoch, without the
@@ -42,7 +43,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.lab3]
 
 SOLUTION = Lab("lab3_ddp_from_scratch").solution()
 CELL_FILE = "/tmp/ipykernel_0/cell.py"  # where a kernel's cells say they come from
-HIDDEN_RING = {"world_sizes": (4,), "sizes": (1, 3, 4097), "transposed": True,
+HIDDEN_RING = {"world_sizes": (5,), "sizes": (1, 3, 12, 4097), "transposed": True,
                "dtype": torch.float64, "seed": 5}
 
 
@@ -109,6 +110,20 @@ WRONG_RINGS = {
                          {"world_sizes": (3,), "sizes": (9,)},
                          r"on rank \d, element \d+ \(in chunk \d, elements \d\.\.\d\) is \d+, "
                          r"expected \d+.*Check which chunk each step sends and receives"),
+    # On 5 ranks, with chunks of unequal sizes: a wrong index is a wrong sum when the chunks
+    # it confuses are of one size, and gloo's abort when they are not.
+    "wrong_chunk_received_5_ranks": (
+        [("ring_all_reduce", "exchange(chunks[(rank - s + 1) % p], chunks[(rank - s) % p])",
+          "exchange(chunks[(rank - s + 1) % p], chunks[(rank - s - 1) % p])")],
+        {"world_sizes": (5,), "sizes": (15,), "ops": ("sum",)},
+        r"n=15, op='sum' on 5 ranks\): on rank \d, element \d+ \(in chunk \d, elements "
+        r"\d+\.\.\d+\) is \d+, expected \d+.*Check which chunk each step sends and receives"),
+    "wrong_chunk_sent_uneven_chunks": (
+        [("ring_all_reduce", "exchange(chunks[(rank - s) % p], arrived)",
+          "exchange(chunks[(rank - s - 1) % p], arrived)")],
+        {"world_sizes": (5,), "sizes": (13,), "ops": ("sum",)},
+        r"\(5 ranks\) raised RuntimeError on rank \d in the case n=13.*gloo lost its connection"
+        r".*most likely a chunk index.*Check each step's chunk indices"),
     "reshape_copies": ([("ring_all_reduce", "flat = tensor.contiguous().view(-1)",
                          "flat = tensor.reshape(-1)"),
                         ("ring_all_reduce", "    if not tensor.is_contiguous():  # flat was a "

@@ -62,12 +62,17 @@ def _ring_hang(error: LaunchTimeout, logs) -> str:
 
 
 def _ring_crash(error: RankError, logs) -> str | None:
-    if error.exc_type or "SIGABRT" not in str(error):
+    # The rank that got too large a message aborts (SIGABRT); its neighbours, still in their
+    # exchange, see gloo's connection to it closed. Either may be the first failure reported.
+    aborted = not error.exc_type and "SIGABRT" in str(error)
+    lost_neighbour = bool(error.exc_type) and "third_party/gloo" in str(error)
+    if not (aborted or lost_neighbour):
         return None
-    return ("gloo aborts a process that receives a message larger than the buffer it posted: "
-            "the chunk a rank sends at a step must be the very chunk its right neighbour "
-            "receives at that step (when n is not a multiple of p the chunks differ in size). "
-            "Check each step's chunk indices.")
+    return ("gloo aborts a process that receives a message larger than the buffer it posted, "
+            "and its neighbours then lose their connection: most likely a chunk index. The "
+            "chunk a rank sends at a step must be the very chunk its right neighbour receives "
+            "at that step (when n is not a multiple of p the chunks differ in size, so a wrong "
+            "index shows as a crash, not as a wrong sum). Check each step's chunk indices.")
 
 
 def check_ring_all_reduce(ring_all_reduce, world_sizes=(2, 3), sizes=(7, 1000),
