@@ -13,36 +13,31 @@ so their ranks, with it. If no server answers, it becomes the process itself:
 `python -m torch.distributed.run` or `python -m gpulab.distributed.runtime.torchrun_entry`.
 """
 
+import importlib.util
+import json
+import os
+import signal
+import socket
 import sys
-
-del sys.path[0]  # run by path: its folder must not shadow the standard library (by_value.py)
-
-import ctypes  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import time  # noqa: E402
+import time
+from pathlib import Path
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 CONNECT_WAIT_S = 10.0  # the server binds its socket first, then imports: it is there at once
 MAX_MESSAGE = 1 << 20
-PR_SET_PDEATHSIG = 1
 AGENT = "--agent"
 FRESH = {"agent": "torch.distributed.run", "rank": "gpulab.distributed.runtime.torchrun_entry"}
 
 
-def _die_with_parent() -> None:
-    """processes.die_with_parent, for the parent of the moment: importing _procs would import
-    gpulab.distributed, and with it torch, the cost this process exists to avoid."""
-    parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+def _process_helpers():
+    """processes.py, loaded from its file: imported by name, it would first run gpulab's own
+    __init__ (numpy, the runner's detection), most of the start-up this process exists to
+    avoid. It needs only the standard library."""
+    path = Path(__file__).with_name("processes.py")
+    spec = importlib.util.spec_from_file_location("gpulab_node_client_processes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _connect(path: str) -> socket.socket:
@@ -74,7 +69,7 @@ def _exit_as(code: int) -> None:
 
 
 def main(server_path: str, *args: str) -> None:
-    _die_with_parent()
+    _process_helpers().die_with_parent(os.getppid())
     kind = "agent" if args[:1] == (AGENT,) else "rank"
     args = args[1:] if kind == "agent" else args
     try:
