@@ -14,7 +14,9 @@ Each tensor-parallel check is one launch of 2 (or 4) processes; the schedule che
 import dataclasses
 import re
 import types
+from pathlib import Path
 
+import nbformat
 import pytest
 from grading_specs import LAB5 as SPEC
 from lab_submissions import Lab, cell_by_grade_id
@@ -22,6 +24,9 @@ from torch import nn
 
 from gpulab.checks.keys import answer_key
 from gpulab.checks.lab5 import check_cloud_job, check_one_f_one_b, check_tp_linear, check_tp_mlp
+from gpulab.checks.lab5.cloud_job import SCENARIO, job_preemptions_per_hour, limits
+from gpulab.checks.quiz.expected import max_spot_nodes
+from gpulab.cloud_cost import estimate_run, young_checkpoint_interval
 from gpulab.checks.lab5 import ranks as lab5_ranks
 from gpulab.checks.lab5 import tp_linear as lab5
 from gpulab.checks.lab5.shared import RankView, layout, require_function
@@ -30,6 +35,7 @@ from gpulab.distributed.tensor_parallel import ColumnParallelLinear as LibraryCo
 from gpulab.distributed.tensor_parallel import _CopyToTP
 
 pytestmark = pytest.mark.lab5
+REPO = Path(__file__).resolve().parents[1]
 CELL_FILE = "/tmp/ipykernel_0/cell.py"  # where a kernel's cells say they come from
 
 IMPORTS = """
@@ -306,6 +312,10 @@ WRONG_CLOUD_JOBS = {  # and SPEC's image_too_new and checkpoints_hours_apart
     "saves_too_often": ({"args": ("--checkpoint-every-min", "10")},
                         r"at least 40 minutes apart: .* every 10 spends 20\.0% of the time"),
     "no_interval": ({"args": ()}, r"Pass the checkpoint interval to the script"),
+    # Young's interval for one VM's rate, sqrt(2c/0.025) = 98 minutes: fine for a 1-VM job.
+    "one_vms_rate": ({"args": ("--checkpoint-every-min", "98")},
+                     r"at most every 90 minutes: every 98 loses .* = 5\.3% .* fits one VM's "
+                     r"rate, 0\.025/h; the job's is the sum over its 2 VMs, λ = 0\.05/h"),
 }
 
 
@@ -313,6 +323,33 @@ WRONG_CLOUD_JOBS = {  # and SPEC's image_too_new and checkpoints_hours_apart
 def test_a_wrong_cloud_job_fails_with_its_message(name):
     changes, match = WRONG_CLOUD_JOBS[name]
     fails(check_cloud_job, cloud_job(**changes), match=match)
+
+
+def test_lesson_01_the_quiz_and_lab_5_agree_on_a_jobs_preemption_rate():
+    """Lesson 01 (section 8) teaches that a job's preemption rate is the sum over its machines;
+    the quiz's q03 counts the nodes a loss bound allows with that rule; Lab 5's limits() bound
+    the checkpoint interval. All three through gpulab.cloud_cost, on Lab 5's scenario."""
+    lesson = nbformat.read(REPO / "lessons" / "01_gpu_architecture.ipynb", as_version=4)
+    prose = " ".join(" ".join(cell.source for cell in lesson.cells).split())
+    assert "The job's preemption rate is the sum over its machines." in prose
+    need, scenario = limits(), SCENARIO
+    job_rate = job_preemptions_per_hour()
+    assert job_rate == scenario["nodes"] * scenario["preemptions_per_vm_hour"]
+    longest_h, restart_h = need["max_interval_min"] / 60, scenario["restart_hours"]
+    # Lesson 01's estimate_run, at Lab 5's longest interval: the job loses exactly the bound.
+    run = estimate_run(100.0, 16, 1.0, job_rate, longest_h, restart_hours=restart_h)
+    assert run.lost_hours / run.wall_hours == pytest.approx(scenario["max_loss_fraction"])
+    # The quiz's q03, with Lab 5's numbers: a minute under that interval allows Lab 5's 2 VMs,
+    # a minute over it only 1.
+    for minutes, nodes in ((need["max_interval_min"] - 1, 2), (need["max_interval_min"] + 1, 1)):
+        numbers = types.SimpleNamespace(
+            preemptions_per_node_hour=scenario["preemptions_per_vm_hour"],
+            checkpoint_minutes=minutes, restart_minutes=60 * restart_h,
+            max_loss_percent=100 * scenario["max_loss_fraction"])
+        assert max_spot_nodes(numbers) == nodes, minutes
+    # The window of valid intervals is open and holds Young's interval for the job's rate.
+    young_min = 60 * young_checkpoint_interval(scenario["save_minutes"] / 60, job_rate)
+    assert need["min_interval_min"] + 20 <= young_min <= need["max_interval_min"] - 20
 
 
 def test_a_cloud_job_that_is_not_a_jobspec_is_named():

@@ -5,7 +5,9 @@
 
 The learner's cloud_job() returns a gpulab JobSpec for SCENARIO: spot GCE machines with GPUs, a
 host driver that caps the image's CUDA, DataLoader workers that need shared memory, and a
-checkpoint interval that must bound the work lost to preemptions. The checker renders what
+checkpoint interval that must bound the work lost to preemptions. The scenario's preemption
+rate is per VM; the job's is the sum over its VMs, since any VM's preemption stops every process
+of a synchronous job (lessons/01, and the quiz's q03). The checker renders what
 gpulab renders from the spec (the Vertex AI job, the `docker run` line, the Dockerfile, and the
 GCE Terraform, whose refusals it passes on) and reads back what the cloud would get: the
 machines and spot from the job, torchrun's flags and the shared memory from the docker line
@@ -21,7 +23,7 @@ import shlex
 
 from gpulab.checks.harness.owned import require_own_function
 from gpulab.checks.harness.training import call_learner
-from gpulab.cloud_cost import max_checkpoint_interval
+from gpulab.cloud_cost import max_checkpoint_interval, preemption_loss_fraction
 from gpulab.distributed import JobSpec
 from gpulab.distributed.cloud_templates import (
     render_docker_run,
@@ -36,7 +38,7 @@ SCENARIO = {
     "gpus_per_node": 8,
     "driver_cuda": (12, 4),  # the VMs' NVIDIA driver (550) runs CUDA up to 12.4
     "shm_gb_per_process": 2,  # each process's DataLoader workers share batches through /dev/shm
-    "preemptions_per_hour": 0.05,  # a spot VM reclaimed about once in 20 hours
+    "preemptions_per_vm_hour": 0.025,  # each spot VM reclaimed about once in 40 hours
     "restart_hours": 0.25,  # a reclaimed job is back in 15 minutes
     "save_minutes": 2.0,  # writing one checkpoint
     "max_loss_fraction": 0.05,  # at most 5% of the time lost to preemptions...
@@ -45,10 +47,18 @@ SCENARIO = {
 INTERVAL_FLAG = "--checkpoint-every-min"  # the training script's flag, in JobSpec.args
 
 
+def job_preemptions_per_hour(scenario: dict = SCENARIO) -> float:
+    """The job's preemption rate λ: the sum of its VMs' rates (any VM's preemption stops it)."""
+    return scenario["nodes"] * scenario["preemptions_per_vm_hour"]
+
+
 def limits(scenario: dict = SCENARIO) -> dict:
     """What a right JobSpec for `scenario` must satisfy, as plain numbers (an answer_key)."""
-    longest = max_checkpoint_interval(scenario["preemptions_per_hour"],
-                                      scenario["max_loss_fraction"], scenario["restart_hours"])
+    rate = job_preemptions_per_hour(scenario)
+    longest = max_checkpoint_interval(rate, scenario["max_loss_fraction"],
+                                      scenario["restart_hours"])
+    one_vm = max_checkpoint_interval(scenario["preemptions_per_vm_hour"],
+                                     scenario["max_loss_fraction"], scenario["restart_hours"])
     return {"machine_type": scenario["machine_type"], "nodes": scenario["nodes"],
             "gpus_per_node": scenario["gpus_per_node"],
             "world_size": scenario["nodes"] * scenario["gpus_per_node"],
@@ -56,7 +66,9 @@ def limits(scenario: dict = SCENARIO) -> dict:
             "min_shm_gb": scenario["gpus_per_node"] * scenario["shm_gb_per_process"],
             "min_interval_min": scenario["save_minutes"] / scenario["max_save_fraction"],
             "max_interval_min": 60 * longest,
-            "preemptions_per_hour": scenario["preemptions_per_hour"],
+            "one_vm_max_interval_min": 60 * one_vm,  # what one VM's rate would allow: a slip
+            "preemptions_per_hour": rate,
+            "preemptions_per_vm_hour": scenario["preemptions_per_vm_hour"],
             "restart_hours": scenario["restart_hours"],
             "save_minutes": scenario["save_minutes"]}
 
@@ -130,12 +142,17 @@ def _check_interval(words: list[str], need: dict) -> None:
                              f"'{INTERVAL_FLAG}', '<minutes>'). On spot VMs it decides how much "
                              "work a preemption throws away.")
     minutes = float(words[words.index(INTERVAL_FLAG) + 1])
-    lost = need["preemptions_per_hour"] * (minutes / 120 + need["restart_hours"])
+    rate = need["preemptions_per_hour"]
+    lost = preemption_loss_fraction(rate, minutes / 60, need["restart_hours"])
     if minutes > need["max_interval_min"]:
+        vms = round(rate / need["preemptions_per_vm_hour"])
+        slip = (f" That interval fits one VM's rate, {need['preemptions_per_vm_hour']:g}/h; the "
+                f"job's is the sum over its {vms} VMs, λ = {rate:g}/h: either VM's preemption "
+                "stops the whole job." if minutes <= need["one_vm_max_interval_min"] else "")
         raise AssertionError(
             f"Checkpoint at most every {need['max_interval_min']:.0f} minutes: every {minutes:g} "
             f"loses λ(τ/2 + r) = {lost:.1%} of the time to preemptions, more than 5% "
-            "(gpulab.cloud_cost.max_checkpoint_interval).")
+            f"(gpulab.cloud_cost.max_checkpoint_interval).{slip}")
     if minutes < need["min_interval_min"]:
         saving = need["save_minutes"] / minutes
         raise AssertionError(

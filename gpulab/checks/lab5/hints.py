@@ -102,12 +102,15 @@ HINTS: dict[str, tuple[str, str, str]] = {
         """
         One process per GPU: procs_per_node = gpus_per_node = 8 on each of 2 nodes; spot=True
         and max_restarts above zero. Pick a PyTorch image built for CUDA 12.4 or older. shm_gb
-        is per node: 2 GiB times the processes on it. For the interval τ, the preemption loss
-        λ(τ/2 + r) grows with τ and the saving cost c/τ shrinks: both must stay at or under 5%.
+        is per node: 2 GiB times the processes on it. The rate given is one VM's; any VM's
+        preemption stops the whole job, so the job's λ adds up its VMs' rates. For the interval
+        τ, the preemption loss λ(τ/2 + r) grows with τ and the saving cost c/τ shrinks: both
+        must stay at or under 5%.
         """,
         """
-        With λ = 0.05 per hour, r = 0.25 h and c = 2/60 h: λ(τ/2 + r) <= 0.05 gives τ <= 1.5 h
-        (90 minutes), and c/τ <= 0.05 gives τ >= 2/3 h (40 minutes). Young's interval,
+        The job's λ = 2 x 0.025 = 0.05 per hour. With r = 0.25 h and c = 2/60 h: λ(τ/2 + r) <=
+        0.05 gives τ <= 1.5 h (90 minutes), and c/τ <= 0.05 gives τ >= 2/3 h (40 minutes).
+        One VM's rate alone would allow 3.5 h, too long for the job. Young's interval,
         sqrt(2c/λ) = about 1.15 h (gpulab.cloud_cost.young_checkpoint_interval), sits inside:
         args=("--checkpoint-every-min", "69"); shm_gb = 16; base_image
         "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime".
