@@ -146,7 +146,7 @@ dist.init_process_group("gloo")
 parent = psutil.Process(os.getppid())
 print("report " + json.dumps({
     "rank": dist.get_rank(), "parent": parent.pid,
-    "forked": "_nodeserver import serve" in " ".join(parent.cmdline()),
+    "forked": "nodeserver" in parent.cmdline(),  # bootstrap.py's role argument
     "server_children": len(parent.children()),  # this rank and its node's torchrun agent
     "fsdp_warm": "torch.distributed.fsdp" in __import__("sys").modules,
     "seen": os.environ.get("SEEN", "")}), flush=True)

@@ -86,7 +86,7 @@ def is_fork_server(process) -> bool:
     """The launcher's fork server (gpulab/distributed/runtime/forkserver.py): kept between
     launches on purpose. Its ranks are its children, and still count."""
     try:
-        return any("_forkserver import serve" in part for part in process.cmdline())
+        return "forkserver" in process.cmdline()  # bootstrap.py's role argument
     except psutil.Error:
         return False
 

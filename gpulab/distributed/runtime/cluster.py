@@ -43,14 +43,14 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpulab.distributed.runtime import netns, nodeserver, processes
+from gpulab.distributed.runtime import bootstrap, netns, nodeserver, processes
+from gpulab.distributed.runtime.bootstrap import PACKAGE_ROOT
 from gpulab.distributed.runtime.cluster_result import (
     START_FAILURE,
     ClusterResult,
@@ -58,8 +58,7 @@ from gpulab.distributed.runtime.cluster_result import (
     diagnose,
 )
 from gpulab.distributed.runtime.errors import ProcessGroupStartError, RankError
-from gpulab.distributed.runtime.processes import PACKAGE_ROOT
-from gpulab.distributed.runtime.torchrun import _AGENT_BOOT, RunClock, _timeout, starting_ranks
+from gpulab.distributed.runtime.torchrun import RunClock, starting_ranks, timeout_error
 from gpulab.distributed.runtime.worker import describe_status, read_status
 
 _log = logging.getLogger(__name__)
@@ -233,7 +232,7 @@ class LocalCluster:
         else:
             port = processes.free_port()
         job = f"gpulab-{uuid.uuid4().hex[:8]}"
-        boot = [sys.executable, "-c", _AGENT_BOOT.format(root=PACKAGE_ROOT, parent=os.getpid())]
+        boot = bootstrap.command("agent", os.getpid())
         commands = []
         for node_rank, address in enumerate(self.addresses):
             prefix = self.topology.exec_prefix(node_rank) if self.topology else []
@@ -245,7 +244,7 @@ class LocalCluster:
                 "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'}",
                 "--local-addr", address, "--max-restarts", str(max_restarts), "--tee", "3",
                 *(servers[node_rank].client_command() if servers
-                  else ["-m", "gpulab.distributed.runtime.torchrun_entry"]),
+                  else bootstrap.TORCHRUN_RANK),
                 str(report), str(script), *map(str, script_args)]
             commands.append(servers[node_rank].agent_command(prefix, args) if servers
                             else prefix + boot + args)
@@ -307,7 +306,7 @@ class LocalCluster:
                     f"the cluster did not start every rank within {limit} s ({where})", None,
                     any(report.glob("rank*.pid")))
             elif limit:
-                raise _timeout(report, self.world_size, limit)
+                raise timeout_error(report, self.world_size, limit)
             time.sleep(0.02)
 
     def _result(self, codes, failed_first, started, report, forwarder, attempt) -> ClusterResult:

@@ -9,7 +9,7 @@ The server is a fresh interpreter (started like any rank) that imports torch and
 code once, starts no thread and runs no torch op, then forks one child per rank it is asked
 for. Forking is safe there for the reason it is unsafe elsewhere: the server never ran anything
 that leaves a lock held in another thread (torch's DataLoader forks its workers the same way).
-A child becomes what `python -c <bootstrap> LAUNCH_DIR RANK` would be: its own session, the
+A child becomes what `python -c <bootstrap> rank LAUNCH_DIR RANK` would be: its own session, the
 launcher's environment, stdout and stderr on the launcher's pipes, new random seeds. Unlike
 fresh interpreters, all ranks share one string-hash seed (PYTHONHASHSEED), so sets of strings
 iterate in the same order on every rank.
@@ -40,11 +40,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-from gpulab.distributed.runtime.processes import PACKAGE_ROOT
+from gpulab.distributed.runtime import bootstrap
 
 OFF_VARIABLE = "GPULAB_FRESH_RANKS"  # "1": every rank in a fresh interpreter
-_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from gpulab.distributed.runtime.forkserver import serve; serve(*map(int, sys.argv[1:3]))")
 # What a rank imports (gpulab decides the runner, as in each rank). torch._dynamo too: a rank's
 # first optimizer, and FSDP and DTensor calls, import it on the spot (torch._disable_dynamo),
 # about 2 s of CPU in every rank if the server has not.
@@ -145,8 +143,7 @@ class ForkServer:
                    GPULAB_RUNNER=gpulab.runner.name)  # decides as the ranks' environment does
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT.format(root=PACKAGE_ROOT), str(theirs.fileno()),
-                 str(os.getpid())],
+                bootstrap.command("forkserver", theirs.fileno(), os.getpid()),
                 env=env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True)
         finally:
@@ -287,7 +284,7 @@ def _send(sock: socket.socket, event: dict) -> None:
 
 
 def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the child: look like `python -c <bootstrap> LAUNCH_DIR RANK`, then run the rank."""
+    """In the child: look like `python -c <bootstrap> rank LAUNCH_DIR RANK`, then run the rank."""
 
     def rank() -> None:
         os.setsid()  # its own session: one killpg stops it and what it starts
@@ -298,10 +295,8 @@ def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
             os.dup2(source, target)
             os.close(source)
         take_environment(request["env"])
-        sys.argv = ["-c", *request["argv"]]
-        from gpulab.distributed.runtime.worker import main
-
-        main(*request["argv"], go_fd=go_fd, parent_pid=os.getppid())
+        sys.argv = ["-c", "rank", *request["argv"]]
+        bootstrap.enter("rank", request["argv"], go_fd=go_fd, parent_pid=os.getppid())
 
     live_as_child(rank)
 

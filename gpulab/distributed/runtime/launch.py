@@ -42,12 +42,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpulab.distributed.runtime import by_value, forkserver, processes
+from gpulab.distributed.runtime import bootstrap, by_value, forkserver, processes
 from gpulab.distributed.runtime.errors import LaunchTimeout, ProcessGroupStartError, RankError
 from gpulab.distributed.runtime.worker import PHASES, StatusBoard, describe
 
-_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from gpulab.distributed.runtime.worker import main; main(*sys.argv[1:3])")
 _RUN = PHASES.index("run")
 _log = logging.getLogger(__name__)
 _ERROR_GRACE_S = 0.3  # after a first error, how long other ranks get to report their own
@@ -119,9 +117,9 @@ class Launcher:
                     procs.append(server.start([str(launch_dir), str(rank)], env, go_read))
                 else:
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-c", _BOOT.format(root=processes.PACKAGE_ROOT),
-                         str(launch_dir), str(rank)], env=env, stdin=subprocess.DEVNULL,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(go_read,),
+                        bootstrap.command("rank", launch_dir, rank), env=env,
+                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        pass_fds=(go_read,),
                         start_new_session=True))  # its own process group: one killpg stops it
                 forwarder.watch(procs[-1].stdout, f"[rank {rank}] ", to_stderr=False)
                 forwarder.watch(procs[-1].stderr, f"[rank {rank}] ", to_stderr=True)

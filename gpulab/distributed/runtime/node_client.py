@@ -9,8 +9,8 @@ To whoever started it, it looks like the process it stands for: the signals sent
 (SIGTERM, then SIGKILL to its session) reach that process, forwarded or through a pipe that
 closes when this one dies, and it exits as that process did, with its code or by its signal.
 It dies with its own parent (PR_SET_PDEATHSIG), so a killed agent takes its ranks' clients, and
-so their ranks, with it. If no server answers, it becomes the process itself:
-`python -m torch.distributed.run` or `python -m gpulab.distributed.runtime.torchrun_entry`.
+so their ranks, with it. If no server answers, it becomes the process itself, started as
+bootstrap.py starts it without a server.
 """
 
 import importlib.util
@@ -26,15 +26,15 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 CONNECT_WAIT_S = 10.0  # the server binds its socket first, then imports: it is there at once
 MAX_MESSAGE = 1 << 20
 AGENT = "--agent"
-FRESH = {"agent": "torch.distributed.run", "rank": "gpulab.distributed.runtime.torchrun_entry"}
+ROLES = {"agent": "agent", "rank": "torchrun-rank"}  # bootstrap.py's role for each kind
 
 
-def _process_helpers():
-    """processes.py, loaded from its file: imported by name, it would first run gpulab's own
-    __init__ (numpy, the runner's detection), most of the start-up this process exists to
-    avoid. It needs only the standard library."""
-    path = Path(__file__).with_name("processes.py")
-    spec = importlib.util.spec_from_file_location("gpulab_node_client_processes", path)
+def _sibling(name: str):
+    """A module of this folder (standard library only), loaded from its file: imported by name,
+    it would first run gpulab's own __init__ (numpy, the runner's detection), most of the
+    start-up this process exists to avoid."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"gpulab_node_client_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -57,7 +57,8 @@ def _connect(path: str) -> socket.socket:
 def _run_here(kind: str, args) -> None:
     """No server: this process becomes the agent or the rank, as it would have been without
     one (PR_SET_PDEATHSIG lasts through exec)."""
-    os.execv(sys.executable, [sys.executable, "-m", FRESH[kind], *args])
+    launcher = [str(os.getppid())] if kind == "agent" else []  # the agent dies with it
+    os.execv(sys.executable, _sibling("bootstrap").command(ROLES[kind], *launcher, *args))
 
 
 def _exit_as(code: int) -> None:
@@ -69,7 +70,7 @@ def _exit_as(code: int) -> None:
 
 
 def main(server_path: str, *args: str) -> None:
-    _process_helpers().die_with_parent(os.getppid())
+    _sibling("processes").die_with_parent(os.getppid())
     kind = "agent" if args[:1] == (AGENT,) else "rank"
     args = args[1:] if kind == "agent" else args
     try:

@@ -29,7 +29,6 @@ import contextlib
 import importlib
 import json
 import os
-import runpy
 import select
 import signal
 import socket
@@ -38,23 +37,19 @@ import sys
 import threading
 from pathlib import Path
 
-from gpulab.distributed.runtime import forkserver, processes
+from gpulab.distributed.runtime import bootstrap, forkserver, processes
 from gpulab.distributed.runtime.forkserver import (
     OFF_VARIABLE,
     lasting,
     live_as_child,
     take_environment,
 )
-from gpulab.distributed.runtime.processes import PACKAGE_ROOT
 
 CLIENT = str(Path(__file__).with_name("node_client.py"))
 # What any rank imports, what the course's cluster scripts add (FSDP2 and checkpointing), and
 # torchrun's agent.
 WARM = (*forkserver.WARM, "gpulab.distributed.runtime.torchrun_entry", "torch.distributed.fsdp",
         "torch.distributed.checkpoint", "torch.distributed.run")
-_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from gpulab.distributed.runtime.nodeserver import serve; "
-         "serve(sys.argv[1], int(sys.argv[2]))")
 _MAX_MESSAGE = 1 << 20
 
 
@@ -70,8 +65,7 @@ class NodeServer:
     def __init__(self, path: Path, prefix: list[str], env: dict[str, str]):
         self.path, self.env = str(path), dict(env)
         self._proc = subprocess.Popen(
-            [*prefix, sys.executable, "-c", _BOOT.format(root=PACKAGE_ROOT), self.path,
-             str(os.getpid())],
+            [*prefix, *bootstrap.command("nodeserver", self.path, os.getpid())],
             env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
 
@@ -167,12 +161,9 @@ def _become(listener, conn, request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         take_environment(request["env"])
         if request.get("kind") == "agent":
-            sys.argv = ["torchrun", *request["argv"]]
-            runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
-            return
-        from gpulab.distributed.runtime.torchrun_entry import main
-
-        main(*request["argv"])
+            bootstrap.enter("agent", [str(server), *request["argv"]])
+        else:
+            bootstrap.enter("torchrun-rank", request["argv"])
 
     live_as_child(life)
 

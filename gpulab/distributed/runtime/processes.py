@@ -25,8 +25,6 @@ from collections import deque
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
-# The folder that holds the gpulab package: every child's bootstrap puts it on sys.path.
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # asks a process to dump its Python stacks
 
 

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -35,17 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.distributed.runtime import processes
+from gpulab.distributed.runtime import bootstrap, processes
+from gpulab.distributed.runtime.bootstrap import PACKAGE_ROOT
 from gpulab.distributed.runtime.errors import LaunchTimeout, RankError
-from gpulab.distributed.runtime.processes import PACKAGE_ROOT
 from gpulab.distributed.runtime.torchrun_entry import RAISED_STARTING
 from gpulab.distributed.runtime.worker import StatusBoard, describe, read_status
-
-# The agent dies with the caller (PR_SET_PDEATHSIG) before torchrun's own code starts.
-_AGENT_BOOT = ("import os, sys, runpy; sys.path.insert(0, {root!r}); "
-               "from gpulab.distributed.runtime.processes import die_with_parent; "
-               "die_with_parent({parent}); "
-               "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)")
 
 
 @dataclass(frozen=True)
@@ -116,7 +109,7 @@ def _supervise(agents, report: Path, world_size: int, forwarder, timeout_s,
         forwarder.drain()
         limit = clock.passed(starting_ranks(report, world_size))
         if limit:
-            raise _timeout(report, world_size, limit)
+            raise timeout_error(report, world_size, limit)
         failed = [a.returncode for a in agents if a.poll() not in (None, 0)]
         if failed and _all_ranks_done(report, world_size):
             # A node failed and every rank has finished: the other agents would only wait at
@@ -180,7 +173,7 @@ def _all_ranks_done(report: Path, world_size: int) -> bool:
 
 
 def _commands(nproc_per_node, nnodes, report: Path, script: Path, args) -> list[list[str]]:
-    boot = [sys.executable, "-c", _AGENT_BOOT.format(root=PACKAGE_ROOT, parent=os.getpid())]
+    boot = bootstrap.command("agent", os.getpid())
     if nnodes == 1:
         rendezvous = [["--standalone"]]
     else:  # nnodes agents on this machine, as on a cluster: one c10d rendezvous for the job
@@ -190,8 +183,8 @@ def _commands(nproc_per_node, nnodes, report: Path, script: Path, args) -> list[
                        "--rdzv-conf", f"is_host={'true' if i == 0 else 'false'}"]
                       for i in range(nnodes)]
     return [boot + rdzv + ["--nproc-per-node", str(nproc_per_node), "--tee", "3",
-                           "-m", "gpulab.distributed.runtime.torchrun_entry", str(report),
-                           str(script), *map(str, args)]
+                           *bootstrap.TORCHRUN_RANK, str(report), str(script),
+                           *map(str, args)]
             for rdzv in rendezvous]
 
 
@@ -225,7 +218,7 @@ def _first_failure(report: Path, stderr: str) -> tuple[int | None, str]:
     return (int(found.group(1)) if found else None), root.strip()
 
 
-def _timeout(report: Path, world_size: int, limit: str) -> LaunchTimeout:
+def timeout_error(report: Path, world_size: int, limit: str) -> LaunchTimeout:
     boards = {int(p.stem.removeprefix("rank")): p for p in report.glob("rank*.status")}
     pids = {int(p.stem.removeprefix("rank")): int(p.read_text() or 0)
             for p in report.glob("rank*.pid")}

@@ -1,6 +1,6 @@
 """What each torchrun worker runs before the learner's script (see torchrun.py):
 
-    torchrun ... -m gpulab.distributed.runtime.torchrun_entry REPORT_DIR script.py ARGS...
+    torchrun ... -m gpulab.distributed.runtime.bootstrap torchrun-rank REPORT_DIR script.py ARGS
 
 It dies with its parent (the torchrun agent), records where it waits (the status line of
 worker.py, in REPORT_DIR: "init" inside init_process_group, which the launchers count as
@@ -85,8 +85,3 @@ def main(report_dir: str, script: str, *args: str) -> None:
         raise SystemExit(1) from None
     board.set("done", "finished")
 
-
-if __name__ == "__main__":
-    import gpulab  # noqa: F401 - decides the runner before the script imports numba.cuda
-
-    main(*sys.argv[1:])

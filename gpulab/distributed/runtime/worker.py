@@ -2,7 +2,7 @@
 function, sends its return value back, and waits for the launcher's word to leave.
 
 The launcher (gpulab/distributed/runtime/launch.py) starts it as
-    python -c "<bootstrap>" LAUNCH_DIR RANK
+    python -c "<bootstrap.py's LINE>" rank LAUNCH_DIR RANK
 and talks to it through files in LAUNCH_DIR and one pipe:
 
     spec.json           world_size, backend, store address, sys.path, the parent's pid
