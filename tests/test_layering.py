@@ -5,7 +5,8 @@ is the package and everything in it, a plain name is that module only), and ever
 gpulab/, autograder/ and benchmarks/ must have one, so a new module is placed on purpose. Two
 rules cut across the layers: the lab packages are islands (none imports another), and the
 grader never imports the checkers or progress() (NEVER). ALLOWED names the few upward imports
-that are so by design, each with its reason.
+that are so by design, each with its reason. And no module takes another's underscore names
+(`from m import _x`, `import m._x`, `m._x`): what a module shares, it names without one.
 
 Imports are read with `ast`, not by importing: module-level and function-level, `import x` and
 `from x import y` (y resolved to a module where it is one), relative imports resolved. Imports
@@ -43,7 +44,7 @@ class Layer:
 LAYERS = (
     Layer("foundation",
           ("gpulab", "gpulab.env", "gpulab.compat", "gpulab.simulator_fix", "gpulab.source",
-           "gpulab.stubs", "gpulab.gpu_specs", "gpulab.hardware", "gpulab.timing",
+           "gpulab.faces", "gpulab.stubs", "gpulab.gpu_specs", "gpulab.hardware", "gpulab.timing",
            "gpulab.cloud_instances", "gpulab.cloud_cost"),
           "what `import gpulab` loads (runner, simulator switch) and what every lesson stands on: "
           "spec sheets (GPUs, cloud machines), napkin maths, the timer, the stub detector; no "
@@ -190,9 +191,57 @@ def broken_rule(importer: str, imported: str) -> str | None:
 
 def violations(source: str, module: str, filename: str, is_package: bool = False) -> list[str]:
     """One line per import in `source` that breaks a rule: file, line, imported module, rule."""
-    return [f"{filename}:{imp.line}: imports {imp.module}: {rule}"
-            for imp in imports_of(source, module, is_package)
-            if (rule := broken_rule(module, imp.module))]
+    found = [f"{filename}:{imp.line}: imports {imp.module}: {rule}"
+             for imp in imports_of(source, module, is_package)
+             if (rule := broken_rule(module, imp.module))]
+    return found + [f"{filename}:{line}: imports {name}: private, an underscore name of another "
+                    "module; name it without the underscore where it is shared"
+                    for line, name in private_names_taken(source, module)]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _dotted(node) -> str | None:
+    """`a.b.c` of an attribute chain on a plain name; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def private_names_taken(source: str, module: str) -> list[tuple[int, str]]:
+    """(line, name) for each underscore name `source` (module `module`) takes from another
+    module of TREES: `from m import _x`, `import m._x`, or `m._x` where m is an imported module."""
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # local name -> the module it stands for
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] not in TREES:
+                    continue
+                bound[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0])
+                if any(map(_private, alias.name.split("."))):
+                    found.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module \
+                and node.module.split(".")[0] in TREES:
+            for alias in node.names:
+                if _private(alias.name) or any(map(_private, node.module.split("."))):
+                    found.append((node.lineno, f"{node.module}.{alias.name}"))
+                elif f"{node.module}.{alias.name}" in MODULES:
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+            continue
+        head, _, rest = (_dotted(node.value) or "").partition(".")
+        target = ".".join(filter(None, [bound.get(head), rest]))
+        if head in bound and target in MODULES and target != module:
+            found.append((node.lineno, f"{target}.{node.attr}"))
+    return sorted(set(found))
 
 
 # ---------------------------------------------------------------------------- the tree itself
@@ -218,15 +267,51 @@ def test_no_module_imports_upward():
     assert not found, "imports that break the layering:\n" + "\n".join(found)
 
 
+def loaded_by(code: str) -> list[str]:
+    """The modules a fresh interpreter has loaded after running `code`."""
+    run = subprocess.run([sys.executable, "-c", f"{code}\nimport json, sys\n"
+                          "print(json.dumps(sorted(sys.modules)))"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def test_importing_gpulab_distributed_loads_no_torch():
+    # The package faces name their modules' names and import them on first use.
+    loaded = loaded_by("import gpulab.distributed, gpulab.distributed.runtime")
+    heavy = [m for m in loaded if m.split(".")[0] == "torch"]
+    assert not heavy, f"`import gpulab.distributed` loaded {heavy[:5]}: keep its face lazy"
+
+
+# Teaching modules that launch ranks for their demonstrations; no other one imports the runtime.
+LAUNCHING = ("gpulab.distributed.collectives", "gpulab.distributed.zero")
+
+
+def test_only_the_teaching_modules_that_launch_import_the_runtime():
+    runtime = "gpulab.distributed.runtime"
+    teaching = [name for name in MODULES if name.startswith("gpulab.distributed.")
+                and not _matches(name, runtime + ".*")]
+    importers = sorted(name for name in teaching if any(
+        _matches(imp.module, runtime + ".*")
+        for imp in imports_of(MODULES[name].read_text(), name)))
+    assert importers == sorted(LAUNCHING), importers
+
+
+# Files run by path (`python FILE`): their folder comes first on sys.path, so a module beside
+# them named like a standard-library module would be imported in its place.
+RUN_BY_PATH = ("gpulab/distributed/runtime/node_client.py",)
+
+
+def test_no_module_beside_a_file_run_by_path_shadows_the_standard_library():
+    for script in RUN_BY_PATH:
+        folder = (ROOT / script).parent
+        shadows = [p.name for p in folder.glob("*.py") if p.stem in sys.stdlib_module_names]
+        assert not shadows, f"{shadows} beside {script} shadow the standard library: rename them"
+
+
 def test_importing_the_checks_loads_neither_torch_nor_numba():
     # What progress() and the grader's answer-key process read first must stay light.
-    code = ("import json, sys\n"
-            "import gpulab.checks, gpulab.checks.table, gpulab.checks.keys\n"
-            "print(json.dumps(sorted(sys.modules)))")
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    loaded = json.loads(run.stdout.splitlines()[-1])
+    loaded = loaded_by("import gpulab.checks, gpulab.checks.table, gpulab.checks.keys")
     heavy = [m for m in loaded if m.split(".")[0] in ("torch", "numba")]
     assert not heavy, f"`import gpulab.checks` loaded {heavy[:5]}: import them inside checkers"
 
@@ -246,6 +331,15 @@ BREAKING = [
     ("autograder.grade", "def g():\n    from gpulab.checks.keys import answer_key\n", 2,
      "gpulab.checks.keys", "never"),
     ("gpulab.models", "from . import capstone\n", 1, "gpulab.capstone", "upward"),
+    ("gpulab.distributed.runtime.cluster",
+     "from gpulab.distributed.runtime.torchrun import _timeout\n", 1,
+     "gpulab.distributed.runtime.torchrun._timeout", "private"),
+    ("gpulab.distributed.runtime.launch",
+     "from gpulab.distributed.runtime import processes\nprocesses._tree(1)\n", 2,
+     "gpulab.distributed.runtime.processes._tree", "private"),
+    ("gpulab.distributed.runtime.launch",
+     "def f():\n    import gpulab.distributed.runtime.processes as p\n    p._reap([])\n", 3,
+     "gpulab.distributed.runtime.processes._reap", "private"),
 ]
 
 
@@ -262,6 +356,8 @@ def test_checker_catches_a_made_up_import(importer, source, line, imported, rule
     ("gpulab", "def __getattr__(name):\n    from gpulab.self_check import progress\n"),
     ("benchmarks.bench_ddp", "from common import Row\nfrom autograder.grade import grade\n"),
     ("autograder.profiles", "from gpulab.env import nvidia_gpu_count\nimport numpy\n"),
+    ("gpulab.distributed.runtime.processes", "def _tree():\n    pass\n_tree()\nself._x = 1\n"),
+    ("gpulab.distributed.runtime.launch", "import os\nos._exit(1)\n"),
 ])
 def test_checker_lets_downward_imports_pass(importer, source):
     assert violations(source, importer, "made_up.py") == []
