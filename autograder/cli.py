@@ -3,16 +3,20 @@
     python -m autograder release LAB [--check]
     python -m autograder grade LAB [SUBMISSIONS] [--runner cpu|gpu] [--student S]
                                [--jobs N] [--shard I/N] [--regrade] [--no-sandbox]
-    python -m autograder feedback LAB [--student S]
+    python -m autograder feedback LAB [--student S] [--exchange DIR]
     python -m autograder export [--output grades.csv]
     python -m autograder merge GRADING_ROOT... --into DIR
+    python -m autograder publish LAB --exchange DIR [--due 2026-12-01T23:59Z]
+    python -m autograder collect LAB --exchange DIR
 
 Every command but merge takes --root (the repository: solutions/ and labs/; default this one)
 and --course-dir (the nbgrader grading root; default ROOT/.grading).
 
 `grade` can be stopped at any time (Ctrl-C, or killed): running the same command again
 finishes the batch, skipping what was already graded. `--shard i/n` on n runners, then `merge`
-of their grading roots, grades a class on several machines.
+of their grading roots, grades a class on several machines. On a JupyterHub, nbgrader's
+exchange (--exchange) carries labs out (publish), submissions in (collect, then grade without
+SUBMISSIONS) and feedback back (feedback --exchange).
 """
 
 from __future__ import annotations
@@ -44,6 +48,15 @@ def positive_int(text: str) -> int:
 def shard(text: str) -> Shard:
     try:
         return Shard.parse(text)
+    except CourseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def due_date(text: str):
+    from autograder.exchange import parse_due
+
+    try:
+        return parse_due(text)
     except CourseError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -130,6 +143,24 @@ def build_parser() -> argparse.ArgumentParser:
     feedback = sub.add_parser("feedback", parents=[common], help="HTML feedback for LAB")
     feedback.add_argument("lab", type=lab_name)
     feedback.add_argument("--student", metavar="S", help="only this student")
+    feedback.add_argument("--exchange", type=Path, metavar="DIR",
+                          help="also put the pages into nbgrader's exchange DIR, where each "
+                          "learner fetches their own from the Assignments tab")
+
+    publish = sub.add_parser("publish", parents=[common],
+                             help="labs/LAB into nbgrader's exchange, for learners to fetch")
+    publish.add_argument("lab", type=lab_name)
+    publish.add_argument("--exchange", type=Path, required=True, metavar="DIR",
+                         help="nbgrader's exchange folder, shared by the hub's users")
+    publish.add_argument("--due", type=due_date, metavar="WHEN",
+                         help="the deadline, ISO 8601 (UTC unless it names a zone): collect "
+                         "takes the latest submission before it, and export flags a late one")
+
+    collect = sub.add_parser("collect", parents=[common],
+                             help="learners' latest submissions of LAB from the exchange")
+    collect.add_argument("lab", type=lab_name)
+    collect.add_argument("--exchange", type=Path, required=True, metavar="DIR",
+                         help="nbgrader's exchange folder, shared by the hub's users")
 
     export = sub.add_parser("export", parents=[common], help="grades CSV, one row per student/lab")
     export.add_argument("--output", type=Path, default=Path("grades.csv"))
@@ -227,6 +258,29 @@ def _feedback(course: Course, args) -> int:
 
     for path in generate_feedback(course, args.lab, args.student):
         print(f"feedback {path}")
+    if args.exchange:
+        from autograder.exchange import return_feedback
+
+        returned = return_feedback(course, args.lab, args.exchange)
+        print(f"feedback of {len(returned)} learners in the exchange: {', '.join(returned)}")
+    return 0
+
+
+def _publish(course: Course, args) -> int:
+    from autograder.exchange import publish
+
+    folder = publish(course, args.lab, args.exchange, args.due)
+    due = f", due {args.due:%Y-%m-%d %H:%M} UTC" if args.due else ""
+    print(f"published {folder}{due}")
+    return 0
+
+
+def _collect(course: Course, args) -> int:
+    from autograder.exchange import collect
+
+    changed = collect(course, args.lab, args.exchange)
+    print(f"collected {len(changed)} new submissions of {args.lab}"
+          + (f": {', '.join(changed)}" if changed else ""))
     return 0
 
 
@@ -253,4 +307,6 @@ COMMANDS = {
     "feedback": _feedback,
     "export": _export,
     "merge": _merge,
+    "publish": _publish,
+    "collect": _collect,
 }

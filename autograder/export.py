@@ -4,7 +4,8 @@ Columns: student_id, lab, score, max_score, needs_manual_grade, flags. `score` c
 scores where a person gave one (nbgrader's rule). `flags` is a ';'-separated list of notes
 about a submission that a person should look at: the grading result's flags (an integrity
 check that failed, say), from the submission's record (autograder/gradebook.py), and
-NOT_RECORDED where the gradebook has a row that no record completes.
+NOT_RECORDED where the gradebook has a row that no record completes, and a late submission
+(handed in after the deadline `publish --due` recorded) with how late it was.
 
 A grading root merged from shards (autograder/shards.py) exports like any other.
 """
@@ -65,10 +66,19 @@ def rows(course: Course) -> list[Row]:
                         score=float(submission.score),
                         max_score=float(submission.max_score),
                         needs_manual_grade=bool(submission.needs_manual_grade),
-                        flags=recorded[key].flags if key in recorded else (NOT_RECORDED,),
+                        flags=(*(recorded[key].flags if key in recorded else (NOT_RECORDED,)),
+                               *late_flag(submission.total_seconds_late)),
                     )
                 )
     return sorted(found, key=lambda row: (row.lab, row.student_id))
+
+
+def late_flag(seconds_late: float) -> tuple[str, ...]:
+    """("late by 2h05m",) for a submission handed in after its deadline; () otherwise."""
+    if seconds_late <= 0:
+        return ()
+    minutes = int(seconds_late // 60) + (seconds_late % 60 > 0)
+    return (f"late by {minutes // 60}h{minutes % 60:02d}m",)
 
 
 def to_csv(table: list[Row]) -> str:
