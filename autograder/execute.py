@@ -47,6 +47,8 @@ from traitlets import Dict, Integer
 from autograder.answers import fill_in
 from autograder.cells import Plan, Record
 from autograder.integrity import (
+    DATA_MARK,
+    DATA_RULE,
     check_expression,
     install_expression,
     protect_expression,
@@ -284,8 +286,9 @@ class GradeExecute(OutputCaps, Execute):
     def _void(self, cell, label: str, findings: list[str], when: str) -> None:
         """A test that does not count: the machinery it relies on was changed."""
         changed = ", ".join(findings)
+        rule = f" {DATA_RULE}" if any(DATA_MARK in finding for finding in findings) else ""
         cell.outputs = [_error("IntegrityError", f"{when}, the grader found the test machinery "
-                               f"changed ({changed}): the test does not count.")]
+                               f"changed ({changed}): the test does not count.{rule}")]
         if when.startswith("before"):
             cell.execution_count = None
         for finding in findings:

@@ -75,6 +75,12 @@ SYS_PARTS = ("stdout", "stderr", "excepthook", "displayhook", "modules")
 TORCH_REWRAPS = {("torch", "manual_seed")}
 METHOD_KINDS = (type(lambda: 0), staticmethod, classmethod, property)
 MISSING = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
+# A changed plain value of a gpulab module is marked so, and the grader's message then states
+# the rule it breaks (docs/maintainers.md): a learner's edit, or a library module keeping state.
+DATA_MARK = " (library data)"
+DATA_RULE = ("No gpulab module may hold a module-level value that changes as a notebook runs: "
+             "its plain values are the checkers' data (docs/maintainers.md, \"No mutable "
+             "module-level values\"); keep changing state in a private class or a function.")
 
 
 # ----------------------------------------------------------------------------- in the kernel
@@ -162,7 +168,7 @@ class Guard:
                 continue
             if callable(value) or isinstance(value, METHOD_KINDS):
                 continue
-            self.watch(f"{prefix}.{key}",
+            self.watch(f"{prefix}.{key}{DATA_MARK}",
                        lambda d=namespace, k=key: _fingerprint(d.get(k, MISSING)), _equal)
 
     def _watch_namespace(self, prefix: str, namespace, module: str) -> None:
@@ -261,7 +267,11 @@ def install(config: dict) -> tuple:
 
     for name in config["imports"]:
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
+            # A lazy package face (gpulab/faces.py) names its modules in MODULES and imports
+            # them on first use: import them now, so that they are in the snapshot.
+            for behind in getattr(module, "MODULES", ()):
+                importlib.import_module(behind)
         except ImportError:  # the test that imports it fails, and says why
             pass
     Guard.instance = Guard(get_ipython(), config)

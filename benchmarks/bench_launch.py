@@ -20,7 +20,7 @@ import time
 from common import Row
 
 from gpulab.distributed import Launcher
-from gpulab.distributed.runtime.forkserver import OFF_VARIABLE
+from gpulab.env import FRESH_RANKS_VARIABLE as OFF_VARIABLE
 
 NAME = "launch"
 WORLD_SIZE = 2

@@ -24,6 +24,16 @@ RUNNER_CHOICES = ("auto", "cpu", "gpu")
 # table, lines that show a long run moving) is left out of grading.
 GRADING_VARIABLE = "GPULAB_GRADING"
 STATE_DIR_VARIABLE = "GPULAB_STATE_DIR"  # where hint() records the levels seen (state_dir)
+# On Linux, gloo ranks (run_on_ranks, and LocalCluster's on the cpu runner) are forked from warm
+# servers that imported torch once (gpulab/distributed/runtime/forkserver.py, nodeserver.py).
+# "1" (or "true", "yes") starts every rank in a fresh interpreter instead: read by fresh_ranks().
+FRESH_RANKS_VARIABLE = "GPULAB_FRESH_RANKS"
+# The variables a warm rank server does not inherit: they name a moment, not a setting, and
+# nothing a server imports reads them, so a change to them must not replace the server (which
+# costs a torch import) and the server must not keep a stale value. Each rank still gets the
+# launcher's own value. pytest names the running test and its phase in PYTEST_CURRENT_TEST.
+# The servers take this as their `momentary` parameter (docs/maintainers.md).
+MOMENTARY_VARIABLES = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 class RunnerError(RuntimeError):
@@ -47,6 +57,12 @@ def nvidia_gpu_count() -> int:
 def grading() -> bool:
     """True inside the grader's kernels."""
     return os.environ.get(GRADING_VARIABLE) == "1"
+
+
+def fresh_ranks(environ=os.environ) -> bool:
+    """True where every rank starts in a fresh interpreter, not forked from a warm server
+    (GPULAB_FRESH_RANKS, read here and nowhere else; at each launch, so a cell may set it)."""
+    return environ.get(FRESH_RANKS_VARIABLE, "").strip().lower() in ("1", "true", "yes")
 
 
 def state_dir(environ=os.environ) -> Path:

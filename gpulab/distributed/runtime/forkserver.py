@@ -17,7 +17,9 @@ iterate in the same order on every rank.
 Used for gloo launches on Linux only. An nccl rank starts in a fresh interpreter: CUDA must be
 initialized in the rank itself, and a GPU rank's 2 s are small beside its work. When the
 launcher's environment changes (a cell sets os.environ[...]), the server is replaced, since
-what it imported read the old one. GPULAB_FRESH_RANKS=1 turns the server off.
+what it imported read the old one, but for the momentary variables (gpulab.env.
+MOMENTARY_VARIABLES), which the server does not inherit. GPULAB_FRESH_RANKS=1 turns the server
+off (gpulab.env.fresh_ranks).
 
 No orphans (see processes.py): the server and each child die with their parent
 (PR_SET_PDEATHSIG), the server exits when the launcher's end of its socket closes, and every
@@ -40,9 +42,10 @@ import threading
 import time
 from collections.abc import Mapping
 
+import gpulab
 from gpulab.distributed.runtime import bootstrap
+from gpulab.env import FRESH_RANKS_VARIABLE, MOMENTARY_VARIABLES, fresh_ranks
 
-OFF_VARIABLE = "GPULAB_FRESH_RANKS"  # "1": every rank in a fresh interpreter
 # What a rank imports (gpulab decides the runner, as in each rank). torch._dynamo too: a rank's
 # first optimizer, and FSDP and DTensor calls, import it on the spot (torch._disable_dynamo),
 # about 2 s of CPU in every rank if the server has not.
@@ -50,11 +53,6 @@ WARM = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor
         "gpulab.distributed.runtime.by_value", "gpulab.distributed.runtime.worker")
 _MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
 _START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
-# Variables that change while nothing a server imported reads them: pytest names the running
-# test and its phase in PYTEST_CURRENT_TEST. Replacing the server for them would import torch
-# again for every test that launches ranks (each rank still gets the launcher's environment).
-# The node servers of a LocalCluster follow the same rule (nodeserver.py).
-VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 class _Shared:
@@ -69,26 +67,26 @@ class _Shared:
 def available(backend: str) -> bool:
     """Whether ranks of `backend` are forked from the server here."""
     return (backend == "gloo" and sys.platform.startswith("linux")
-            and os.environ.get(OFF_VARIABLE, "") not in ("1", "true", "yes"))
+            and not fresh_ranks())
 
 
-def shared_server() -> ForkServer:
+def shared_server(momentary: frozenset[str] = MOMENTARY_VARIABLES) -> ForkServer:
     """This process's server: started on first use, replaced when it died or when this
-    process's environment changed since it started."""
+    process's environment changed since it started (`momentary` variables aside)."""
     with _Shared.lock:
         if _Shared.server is None or not _Shared.server.usable():
             if _Shared.server is not None:
                 _Shared.server.close()
-            _Shared.server = _start_in_keeper_thread()
+            _Shared.server = _start_in_keeper_thread(momentary)
         return _Shared.server
 
 
-def lasting(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` as what a server imported would have read it: all but VOLATILE."""
-    return {k: v for k, v in env.items() if k not in VOLATILE}
+def lasting(env: Mapping[str, str], momentary: frozenset[str]) -> dict[str, str]:
+    """`env` as what a server imported would have read it: all but the `momentary` variables."""
+    return {k: v for k, v in env.items() if k not in momentary}
 
 
-def _start_in_keeper_thread() -> ForkServer:
+def _start_in_keeper_thread(momentary: frozenset[str]) -> ForkServer:
     """A server whose parent thread lives as long as it does. PR_SET_PDEATHSIG fires when the
     thread that started a process exits, not the process: a server started from a launch in a
     short-lived thread would be killed with that thread, its ranks with it."""
@@ -96,7 +94,7 @@ def _start_in_keeper_thread() -> ForkServer:
 
     def keep():
         try:
-            server = ForkServer()
+            server = ForkServer(momentary)
         except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
             started.put(error)
             return
@@ -134,12 +132,11 @@ class ForkedRank:
 class ForkServer:
     """The launcher's end: one socket to the server, and the exit codes it reports."""
 
-    def __init__(self):
+    def __init__(self, momentary: frozenset[str] = MOMENTARY_VARIABLES):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._environ = lasting(os.environ)
-        import gpulab
-
-        env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
+        self._momentary = momentary
+        self._environ = lasting(os.environ, momentary)
+        env = dict(self._environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
                    GPULAB_RUNNER=gpulab.runner.name)  # decides as the ranks' environment does
         try:
             self._proc = subprocess.Popen(
@@ -159,7 +156,8 @@ class ForkServer:
         atexit.register(self.close)
 
     def usable(self) -> bool:
-        return self._proc.poll() is None and lasting(os.environ) == self._environ
+        return (self._proc.poll() is None
+                and lasting(os.environ, self._momentary) == self._environ)
 
     def start(self, argv: list[str], env: dict[str, str], go_fd: int) -> ForkedRank:
         """A child running the rank `argv` (LAUNCH_DIR RANK) with `env`, reading `go_fd`."""
@@ -180,8 +178,8 @@ class ForkServer:
                     os.close(out_read)
                     os.close(err_read)
                     raise OSError(f"the fork server did not start rank {argv[1]} (its exit "
-                                  f"code: {self._proc.poll()}); set {OFF_VARIABLE}=1 to start "
-                                  "each rank in a fresh interpreter")
+                                  f"code: {self._proc.poll()}); set {FRESH_RANKS_VARIABLE}=1 to "
+                                  "start each rank in a fresh interpreter")
                 self._changed.wait(0.05)
             pid = self._replies.pop(request_id)
         return ForkedRank(self, pid, os.fdopen(out_read, "rb"), os.fdopen(err_read, "rb"))

@@ -20,7 +20,8 @@ No orphans: the server dies with the launcher (PR_SET_PDEATHSIG) and is stopped 
 cluster is left; each child dies with the server, and kills itself when its client's pipe
 closes (the launcher or the agent stopped the client); a client dies with its parent.
 Used on Linux, on the cpu runner: a GPU rank's imports are small beside its work, and CUDA is
-best initialized in a fresh process. GPULAB_FRESH_RANKS=1 turns it off, as for run_on_ranks.
+best initialized in a fresh process. GPULAB_FRESH_RANKS=1 turns it off, as for run_on_ranks, and
+it does not inherit the momentary variables (gpulab.env.MOMENTARY_VARIABLES).
 """
 
 from __future__ import annotations
@@ -38,12 +39,8 @@ import threading
 from pathlib import Path
 
 from gpulab.distributed.runtime import bootstrap, forkserver, processes
-from gpulab.distributed.runtime.forkserver import (
-    OFF_VARIABLE,
-    lasting,
-    live_as_child,
-    take_environment,
-)
+from gpulab.distributed.runtime.forkserver import lasting, live_as_child, take_environment
+from gpulab.env import MOMENTARY_VARIABLES, fresh_ranks
 
 CLIENT = str(Path(__file__).with_name("node_client.py"))
 # What any rank imports, what the course's cluster scripts add (FSDP2 and checkpointing), and
@@ -56,23 +53,25 @@ _MAX_MESSAGE = 1 << 20
 def available(runner: str) -> bool:
     """Whether a cluster's ranks are forked from node servers here."""
     return (runner == "cpu" and sys.platform.startswith("linux")
-            and os.environ.get(OFF_VARIABLE, "") not in ("1", "true", "yes"))
+            and not fresh_ranks())
 
 
 class NodeServer:
     """The launcher's end: the server process of one node, and how torchrun reaches it."""
 
-    def __init__(self, path: Path, prefix: list[str], env: dict[str, str]):
-        self.path, self.env = str(path), dict(env)
+    def __init__(self, path: Path, prefix: list[str], env: dict[str, str],
+                 momentary: frozenset[str] = MOMENTARY_VARIABLES):
+        self.path, self.momentary = str(path), momentary
+        self.env = lasting(env, momentary)  # what the server imports under, and keeps
         self._proc = subprocess.Popen(
             [*prefix, *bootstrap.command("nodeserver", self.path, os.getpid())],
             env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
 
     def usable(self, env: dict[str, str]) -> bool:
-        """Alive, and started with `env` (but for VOLATILE variables): what it imported read
-        its environment."""
-        return self._proc.poll() is None and lasting(env) == lasting(self.env)
+        """Alive, and started with `env` (but for the momentary variables): what it imported
+        read its environment."""
+        return self._proc.poll() is None and lasting(env, self.momentary) == self.env
 
     def agent_command(self, prefix: list[str], args: list[str]) -> list[str]:
         """The node's torchrun agent with torchrun's `args`, forked by this server."""
