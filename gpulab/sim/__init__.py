@@ -18,7 +18,7 @@ Taught in: lessons/02_cuda_with_numba.ipynb
 
 from gpulab.sim.cost import Counters, ModeledTime, count, model_time
 from gpulab.sim.draw import draw_access, draw_traffic, touch_grid, traffic_table
-from gpulab.sim.races import check_no_races, explain, find_races
+from gpulab.sim.races import explain
 from gpulab.sim.records import (
     Access,
     DivergentBarrier,
@@ -28,7 +28,7 @@ from gpulab.sim.records import (
     RaceError,
 )
 from gpulab.sim.report import Run, performance_report
-from gpulab.sim.trace import Trace, run_traced
+from gpulab.sim.trace import Trace, check_no_races, find_races, run_traced
 
 __all__ = [
     "Access",

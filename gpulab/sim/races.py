@@ -6,8 +6,11 @@ block, accesses in different barrier intervals (epochs) are ordered by the cuda.
 between them; accesses of different blocks are never ordered within one launch (there is no
 grid-wide barrier). A conflict that nothing orders is a race.
 
-    races = find_races(kernel, blocks, threads_per_block, *args)   # [] when clean
-    check_no_races(kernel, blocks, threads_per_block, *args)       # raises RaceError
+    races_in(trace)                               # [] when clean (a trace of run_traced)
+    explain(kernel_name, races, barrier_errors)   # the message of a RaceError
+
+find_races and check_no_races (trace.py) run a kernel traced and judge it here; this module
+reads a trace and imports nothing of trace.py.
 
 One Race per element (per element and block, for shared memory): the first conflict the
 launch makes on it. Taught in: lessons/02_cuda_with_numba.ipynb
@@ -21,7 +24,6 @@ from gpulab.sim.records import (
     READ,
     WRITE,
     Race,
-    RaceError,
     format_index,
     format_interval,
 )
@@ -114,27 +116,6 @@ def _both_update(records, rec_a, rec_b) -> bool:
     done = {(r[0], r[1], r[4]) for r in records
             if r[2] == aid and r[3] == flat and r[7] == line and (r[0], r[1]) in threads}
     return all((blk, thr, k) in done for blk, thr in threads for k in (READ_K, WRITE_K))
-
-
-# ----------------------------------------------------------------------------- public checks
-
-
-def find_races(kernel, blocks, threads_per_block, *args, **launch_options) -> list:
-    """Run `kernel` traced and return its races (an empty list when it has none)."""
-    from gpulab.sim.trace import run_traced
-
-    return run_traced(kernel, blocks, threads_per_block, *args, **launch_options).races
-
-
-def check_no_races(kernel, blocks, threads_per_block, *args, **launch_options) -> None:
-    """Run `kernel` traced; raise RaceError, with a message that teaches, if two threads race
-    or a cuda.syncthreads() is not reached by the whole block."""
-    from gpulab.sim.trace import run_traced
-
-    trace = run_traced(kernel, blocks, threads_per_block, *args, **launch_options)
-    if trace.races or trace.barrier_errors:
-        raise RaceError(explain(trace.kernel_name, trace.races, trace.barrier_errors),
-                        trace.races, trace.barrier_errors)
 
 
 # ----------------------------------------------------------------------------- the message

@@ -26,7 +26,8 @@ import numpy as np
 from gpulab.sim.device import TracedCudaModule, python_function, require_simulator, swapped_cuda
 from gpulab.sim.loops import LoopTurns
 from gpulab.sim.memory import ATOMIC_K, KIND_NAMES, READ_K, WRITE_K, ArrayInfo, TracedArray
-from gpulab.sim.records import Access
+from gpulab.sim.races import explain, races_in
+from gpulab.sim.records import Access, RaceError
 from gpulab.sim.scheduler import Launch
 
 MAX_THREADS_PER_BLOCK = 1024  # what every CUDA GPU since 2010 allows
@@ -72,6 +73,20 @@ def run_traced(kernel, blocks, threads_per_block, *args, shared_bytes: int = 0,
     for copy_back in write_back:
         copy_back()
     return Trace(fn.__name__, launch)
+
+
+def find_races(kernel, blocks, threads_per_block, *args, **launch_options) -> list:
+    """Run `kernel` traced and return its races (an empty list when it has none)."""
+    return run_traced(kernel, blocks, threads_per_block, *args, **launch_options).races
+
+
+def check_no_races(kernel, blocks, threads_per_block, *args, **launch_options) -> None:
+    """Run `kernel` traced; raise RaceError, with a message that teaches, if two threads race
+    or a cuda.syncthreads() is not reached by the whole block."""
+    trace = run_traced(kernel, blocks, threads_per_block, *args, **launch_options)
+    if trace.races or trace.barrier_errors:
+        raise RaceError(explain(trace.kernel_name, trace.races, trace.barrier_errors),
+                        trace.races, trace.barrier_errors)
 
 
 def _device_args(fn, args, launch: Launch):
@@ -199,8 +214,6 @@ class Trace:
     @cached_property
     def races(self):
         """list[Race]: one per element that two unordered threads touch, one of them writing."""
-        from gpulab.sim.races import races_in
-
         return races_in(self)
 
     # -- pictures (draw.py, matplotlib imported only when drawing)
