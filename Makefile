@@ -45,7 +45,7 @@ RUNNER ?= cpu
 JOBS ?= 1
 
 .PHONY: install grader-tools browser-tools lab lab-instructor test lint bench gpu-check doctor \
-  release grade clean
+  release grade clean hub hub-tools hub-users
 
 # The course's own sources are compiled to bytecode on every install: where PYTHONDONTWRITEBYTECODE
 # is set (CI machines, containers), Python never writes it, and every process (each grading
@@ -104,6 +104,53 @@ lab: install
 
 lab-instructor: install
 	$(VENV)/bin/jupyter lab $(LAB_ARGS)
+
+# The class in a box (docs/instructors.md, "A class on one JupyterHub"): JupyterHub from PyPI
+# (the `course` extra), its proxy from npm into .hub-tools/ (nothing global), demo accounts of
+# hub/roster.py as system users, each user's JupyterLab started as that user. Root only: the
+# hub switches to each user's account. HUB_STATE: its exchange, grading root and homes.
+HUB_STATE ?= $(CURDIR)/.hub
+HUB_PORT ?= 8000
+HUB_ARGS ?=
+HUB_TOOLS := $(CURDIR)/.hub-tools
+HUB_PROXY := $(HUB_TOOLS)/node_modules/.bin/configurable-http-proxy
+HUB_PROXY_VERSION := 4
+
+hub-tools:
+	@test -x $(HUB_PROXY) || { \
+	  if command -v npm >/dev/null 2>&1; then \
+	    npm install --silent --no-audit --no-fund --prefix $(HUB_TOOLS) \
+	      configurable-http-proxy@$(HUB_PROXY_VERSION) >/dev/null 2>&1 || \
+	    echo "warning: npm could not install configurable-http-proxy into $(HUB_TOOLS):" \
+	         "make hub cannot start, and the hub test (tests/test_hub.py) is skipped."; \
+	  else \
+	    echo "warning: npm is missing: make hub needs JupyterHub's proxy" \
+	         "(configurable-http-proxy, from npm), and tests/test_hub.py is skipped." \
+	         "Install Node.js and npm (sudo apt-get install npm), then run make hub-tools."; \
+	  fi; }
+
+hub-users: install
+	@test "$$(id -u)" = 0 || { echo "make hub runs as root: the hub starts each user's" \
+	  "JupyterLab as that user's own account (see hub/jupyterhub_config.py). sudo make hub"; \
+	  exit 2; }
+	@for user in $$($(PY) hub/roster.py); do \
+	  id -u $$user >/dev/null 2>&1 || useradd --create-home --shell /bin/bash $$user; done
+	@# Every user runs the course's Python: a folder above it that others cannot enter (a
+	@# Python built under root's private home, say) is opened for traversal only (o+x).
+	@for path in $$(readlink -f $(PY)) $(abspath $(PY)); do dir=$$(dirname $$path); \
+	  while [ "$$dir" != / ]; do \
+	    if [ -z "$$(find $$dir -maxdepth 0 -perm -o=x)" ]; then chmod o+x $$dir && \
+	      echo "make hub: $$dir may now be traversed by every user (o+x), so that the hub's" \
+	           "users can run the course's Python"; fi; \
+	    dir=$$(dirname $$dir); done; done
+
+hub: install grader-tools hub-tools hub-users
+	@test -x $(HUB_PROXY) || { echo "make hub: no proxy in $(HUB_TOOLS) (see the warning" \
+	  "above)"; exit 2; }
+	@mkdir -p $(HUB_STATE)
+	cd $(HUB_STATE) && GPULAB_HUB_STATE=$(HUB_STATE) GPULAB_HUB_PORT=$(HUB_PORT) \
+	  GPULAB_HUB_PROXY=$(HUB_PROXY) $(abspath $(VENV))/bin/jupyterhub \
+	  -f $(CURDIR)/hub/jupyterhub_config.py $(HUB_ARGS)
 
 # Unit and end-to-end tests, and every lesson re-executed against its committed outputs.
 # --dist loadfile: a file's tests on one worker, as nbval needs (a notebook's cells share a
