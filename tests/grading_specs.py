@@ -377,12 +377,22 @@ LAB3 = Spec(
                 "device=bucket[0].device)", ", dtype=bucket[0].dtype)", "test_fast_ddp",
                 r"Rank \d sent a tensor on the device 'meta'.*Create every tensor the wrapper "
                 r"sends on its parameters' device"),
+        # Each rank updates its own slice and never hands it on: the ranks drift apart.
+        Mistake("no_gather", "sharded_adamw",
+                "        dist.all_gather_into_tensor(whole, self.shard.detach())\n",
+                "        whole = F.pad(torch.cat([p.detach().reshape(-1) for p in self.params]), "
+                "(0, padding))\n"
+                "        whole[dist.get_rank() * self.size:][:self.size] = self.shard.detach()\n",
+                "test_sharded_adamw",
+                r"after step 0, rank 1 and rank 0 hold different parameters .*step\(\) gathered "
+                r"nothing: each rank updated its own shard"),
     ),
     # Wrappers broken at once: each part fails at its first launch, the ring is left right.
     # Cheaper than any one of them alone, whose notebook runs three parts in full. The rules
-    # for real models (frozen, unused, dtypes, devices) are carried by the checkers' tests.
-    end_to_end=("undivided", "no_overlap", "same_order_every_epoch"),
-    together="three_mistakes",
+    # for real models (frozen, unused, dtypes, devices) and the sharded optimizer's other
+    # mistakes are carried by the checkers' tests (test_checks_lab3*.py).
+    end_to_end=("undivided", "no_overlap", "same_order_every_epoch", "no_gather"),
+    together="four_mistakes",
     hidden_at_least=5,
     leftover_marker=LAB3_ORPHAN_MARKER,  # the hostile bank's lab3_orphans ring
     checker_tests="tests/test_checks_lab3.py",
@@ -464,10 +474,15 @@ LAB5 = Spec(
         Mistake("checkpoints_hours_apart", "cloud_job", "str(round(60 * every))", '"240"',
                 "test_cloud_job",
                 r"Checkpoint at most every 90 minutes: every 240 loses .* = 11\.2% of the time"),
+        # Right output and right shard gradients: only what every rank holds whole is partial.
+        Mistake("norm_grads_unsynced", "sp_block",
+                "            dist.all_reduce(p.grad, group=self.group)\n", "            pass\n",
+                "test_sp_block", r"the gradient of ln_1\.weight \(ln_1\.weight\) is this rank's "
+                r"part only .* sync_replicated_grads\(\) must all-reduce"),
     ),
-    # Part 5's mistake rides with Part 4's: one notebook, one cluster run.
-    end_to_end=("mlp_left_whole", "image_too_new"),
-    together="two_mistakes",
+    # Parts 5 and 6's mistakes ride with Part 4's: one notebook, one cluster run.
+    end_to_end=("mlp_left_whole", "image_too_new", "norm_grads_unsynced"),
+    together="three_mistakes",
     hidden_at_least=5,
     # `import copy`, the pipeline's pieces (split_gpt, PipelineStage, run_pipeline) and JobSpec,
     # and Part 5's cost functions, which the answers use.

@@ -24,12 +24,12 @@ from torch import nn
 
 from gpulab.checks.keys import answer_key
 from gpulab.checks.lab5 import check_cloud_job, check_one_f_one_b, check_tp_linear, check_tp_mlp
-from gpulab.checks.lab5.cloud_job import SCENARIO, job_preemptions_per_hour, limits
-from gpulab.checks.quiz.expected import max_spot_nodes
-from gpulab.cloud_cost import estimate_run, young_checkpoint_interval
 from gpulab.checks.lab5 import ranks as lab5_ranks
 from gpulab.checks.lab5 import tp_linear as lab5
+from gpulab.checks.lab5.cloud_job import SCENARIO, job_preemptions_per_hour, limits
 from gpulab.checks.lab5.shared import RankView, layout, require_function
+from gpulab.checks.quiz.expected import max_spot_nodes
+from gpulab.cloud_cost import estimate_run, young_checkpoint_interval
 from gpulab.distributed.schedule import one_f_one_b_order
 from gpulab.distributed.tensor_parallel import ColumnParallelLinear as LibraryColumn
 from gpulab.distributed.tensor_parallel import _CopyToTP

@@ -116,4 +116,30 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime".
         """,
     ),
+    "sp_block": (
+        """
+        Heads never look at each other until out_proj mixes them, so whole heads can live on
+        different ranks: q, k and v split by output features (column-parallel), out_proj by
+        input features (row-parallel), exactly like the MLP's fc and proj. Sequence parallelism
+        then cuts what is left, the norms and residual adds, by tokens: gather the tokens where
+        the parallel region starts, and sum-and-scatter them where it ends.
+        """,
+        """
+        Each layer norm runs on this rank's tokens; all-gather its output along dim 1 before q,
+        k, v (and fc); run this rank's heads on the whole sequence; out_proj's and proj's
+        partial products go through a reduce-scatter along dim 1, which sums them and leaves
+        each rank its own tokens; add the whole biases after it. The backward of an all-gather
+        is a reduce-scatter of the gradient and the other way round. After backward, the norms
+        and those two biases hold only their rank's part of the gradient: all-reduce them.
+        """,
+        """
+        A head is head_size consecutive output features: with per = C // tp_size, rank r keeps
+        rows r*per:(r+1)*per of q_proj, k_proj, v_proj (weights and biases) and columns
+        r*per:(r+1)*per of out_proj.weight; fc and proj as in Part 2. In forward, view each
+        of q, k, v as (B, T, -1, head_size) and transpose(1, 2) before
+        F.scaled_dot_product_attention(..., is_causal=True). The collectives: dist.all_gather
+        into a list, then torch.cat(dim=1); dist.reduce_scatter(out, list(x.chunk(tp_size,
+        dim=1))), each chunk made contiguous.
+        """,
+    ),
 }

@@ -10,6 +10,7 @@ process.
 
     tp_linear_rank   Part 1: CopyToTP, ReduceFromTP, ColumnParallelLinear, RowParallelLinear
     tp_mlp_rank      Part 2: TPMLP around a gpulab.models.FeedForward (a GPT Block's MLP)
+    sp_block_rank    Part 6: SPBlock around a gpulab.models.Block, on this rank's tokens
 
 Shipped by value, like lab3/ranks.py: a rank imports torch and not gpulab.checks, whose Lab 1
 checkers load Numba, so nothing here may import gpulab.checks (harness/calls.py travels by value
@@ -229,3 +230,50 @@ def tp_mlp_rank(rank, world_size, tpmlp_class, data, log_dir):
                         "backward": ran, "calls": _calls_since(log, first),
                         "borrowed": list(log.borrowed)})
     return results
+
+
+
+def sp_block_rank(rank, world_size, block_class, data, log_dir):
+    """SPBlock(block, group) around a Block with the group's weights, forward on this rank's
+    T / tp_size tokens of the group's input, backward with the same tokens of the output's
+    gradient, then sync_replicated_grads(). Each stage's calls are recorded in a phase of its
+    own: "init", "forward", "backward", "sync"."""
+    from gpulab.models import Block, GPTConfig
+
+    g, group, me = _join_groups(rank, data["groups"])
+    log = GroupLog(log_path(log_dir, rank), group)
+    block = Block(GPTConfig(**data["config"]))
+    block.load_state_dict(data["state"][g])
+    with log.recording():
+        log.set_phase("init: SPBlock(block, group)")
+        module = block_class(block, group)
+    params = _params(module) if isinstance(module, nn.Module) else None
+    mine = slice(me * data["tokens"], (me + 1) * data["tokens"])  # this rank's tokens
+    x = data["x"][g][:, mine].clone().requires_grad_()
+    y, ran, synced, error = None, False, False, None
+    try:  # a shard of the wrong shape fails alike on every rank: the checker names the shard
+        with log.recording():
+            log.set_phase("forward: SPBlock.forward")
+            y = module(x)
+        ran = _backward(log, y, data["upstream"][g][:, mine], "SPBlock")
+        synced = ran and callable(getattr(module, "sync_replicated_grads", None))
+        if synced:
+            with log.recording():
+                log.set_phase("sync: SPBlock.sync_replicated_grads")
+                module.sync_replicated_grads()
+    except Exception as raised:  # noqa: BLE001 - the learner's code: reported, graded after
+        error = _where_raised(raised)
+    return {"module": type(module).__name__, "params": params, "y": _plain(y),
+            "x_grad": _plain(x.grad), "backward": ran, "synced": synced, "error": error,
+            "grads": _grads(module) if ran and params is not None else None,
+            "calls": _calls_since(log, 0), "borrowed": list(log.borrowed)}
+
+
+def _where_raised(error: Exception) -> str:
+    """The error and the last line of the notebook's code it passed through."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "ipykernel" in f.filename
+              or f.filename.startswith("<")]
+    line = f" (in {frames[-1].name}: {frames[-1].line})" if frames else ""
+    return f"{type(error).__name__}: {str(error)[:300]}{line}"
