@@ -309,6 +309,50 @@ def test_no_module_beside_a_file_run_by_path_shadows_the_standard_library():
         assert not shadows, f"{shadows} beside {script} shadow the standard library: rename them"
 
 
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other round a circle (Tarjan's strongly connected
+    components of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph.get(module, ())):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_import_circles():
+    # Function-level imports count: a circle of them is one module that needs rethinking.
+    graph = {name: {imp.module for imp in imports_of(path.read_text(), name,
+                                                      path.name == "__init__.py")
+                    if imp.module in MODULES and imp.module != name}
+             for name, path in MODULES.items()}
+    assert not import_circles(graph), import_circles(graph)
+
+
+def test_circles_are_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_circles(graph) == [["a", "b", "c"]]
+
+
 def test_importing_the_checks_loads_neither_torch_nor_numba():
     # What progress() and the grader's answer-key process read first must stay light.
     loaded = loaded_by("import gpulab.checks, gpulab.checks.table, gpulab.checks.keys")

@@ -14,17 +14,14 @@ keys.py     the expected answers of numeric questions, computed from the library
 Each checker runs the learner's code itself, compares plain results with a reference, and fails
 with an AssertionError that teaches: which case, what came out against what was expected, and
 the likely cause. In a notebook that failure shows as its message and the learner's line, not
-IPython's traceback through the checker (harness/short_traceback.py, installed on import here).
-No lab package imports another; importing this package imports nothing heavy.
+IPython's traceback through the checker (harness/short_traceback.py, installed by the harness
+when a lab's package first imports it). No lab package imports another; importing this package
+imports nothing heavy and changes nothing in IPython.
 """
 
 from __future__ import annotations
 
 import importlib
-
-from gpulab.checks.harness.short_traceback import install_in_ipython
-
-install_in_ipython()
 
 # Assignment name -> its package under gpulab.checks: the one list of graded notebooks.
 PACKAGES = {

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import torch
 
-import gpulab
-
-LIBRARY_DIR = Path(gpulab.__file__).resolve().parent
+from gpulab.checks.harness.whose import LIBRARY_DIR
 
 
 def defined_in_library(fn) -> bool:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 import tempfile
 from contextlib import contextmanager
 
 import cloudpickle
 
 from gpulab.checks.harness import calls
-from gpulab.checks.harness.owned import LIBRARY_DIR
+from gpulab.checks.harness.whose import is_learners
 from gpulab.distributed.runtime.errors import LaunchTimeout, ProcessGroupStartError, RankError
 from gpulab.distributed.runtime.launch import Launcher
 from gpulab.stubs import STUB_HINT
@@ -157,7 +156,7 @@ def learner_frames(text: str, keep: int = 6) -> str:
     for line in text.splitlines():
         match = _FRAME.match(line)
         if match:
-            keeping = _is_learners(match.group(1))
+            keeping = is_learners(match.group(1))
             if keeping:
                 out.append([line.rstrip()])
         elif keeping and line.startswith("    ") and out:
@@ -165,11 +164,3 @@ def learner_frames(text: str, keep: int = 6) -> str:
         else:
             keeping = False
     return "\n".join("\n".join(frame) for frame in out[-keep:])
-
-
-def _is_learners(path: str) -> bool:
-    path = path.replace("\\", "/")
-    library = str(LIBRARY_DIR).replace("\\", "/")
-    stdlib = f"/lib/python{sys.version_info.major}.{sys.version_info.minor}/"
-    return not (path.startswith(library) or "/site-packages/" in path or stdlib in path
-                or path.startswith("<"))

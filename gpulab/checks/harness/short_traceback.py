@@ -15,43 +15,24 @@ any other shows as IPython shows it. The handler sends the short form as the cel
 (ipykernel's _showtraceback), so the cell still fails: nbgrader scores it 0, and the error's
 name and message are the exception's own, as its feedback page quotes them.
 
-Installed when gpulab.checks is first imported in an IPython kernel. The grading kernel imports
-the checkers before its integrity guard takes its snapshot (autograder/integrity.py), so the
-handler is part of that snapshot, not a change to it.
+Installed when the harness is first imported in an IPython kernel (harness/__init__.py). The
+grading kernel imports the checkers before its integrity guard takes its snapshot
+(autograder/integrity.py), so the handler is part of that snapshot, not a change to it.
 """
 
 from __future__ import annotations
 
 import linecache
-import os
 import sys
-import sysconfig
 import traceback
 
-import gpulab
+from gpulab.checks.harness.whose import is_learners
 from gpulab.stubs import is_stub_error, not_started
 
 CHECKS_PACKAGE = "gpulab.checks"
 HANDLED = (AssertionError, NotImplementedError)
 RED, DIM, RESET = "\x1b[0;31m", "\x1b[2m", "\x1b[0m"
 FOOTER = "(%tb shows the full traceback)"
-# Code that is not the learner's: the standard library, installed packages (Numba's simulator,
-# torch, IPython) and gpulab itself. Anything else (a notebook cell, a file of their own) is.
-LIBRARY_DIRS = tuple(sorted({
-    os.path.realpath(path) + os.sep
-    for path in (*(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib",
-                                                           "platlib")),
-                 os.path.dirname(gpulab.__file__))
-}))
-
-
-def is_learners(filename: str) -> bool:
-    """True for a file of the learner's code: a notebook cell or a module of their own."""
-    if filename.startswith("<"):  # <frozen ...>, <string>: generated, not written by them
-        return False
-    return not os.path.realpath(filename).startswith(LIBRARY_DIRS)
-
-
 def _in_checks(frame) -> bool:
     module = frame.f_globals.get("__name__", "")
     return module == CHECKS_PACKAGE or module.startswith(CHECKS_PACKAGE + ".")

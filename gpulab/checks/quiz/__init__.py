@@ -6,6 +6,7 @@ whose mistakes a message names (slips.py). The quiz is an assessment: it gives n
 Taught in: every lesson; each question's hidden test names the section that explains it.
 """
 
+import gpulab.checks.harness  # noqa: F401 - its failures show in the short form too
 from gpulab.checks.quiz.answers import check_number, check_pick, grade_number, grade_pick
 from gpulab.checks.quiz.expected import ANSWERS
 from gpulab.checks.quiz.slips import known_slips

@@ -18,8 +18,10 @@ processes.py       children that die with their parent, output forwarded by rank
 by_value.py        pickling that sends a notebook's functions and classes by value
 
 Where a rank starts
+bootstrap.py       every process of the runtime starts here: one command line, a role by name
 worker.py          one rank of run_on_ranks (and StatusBoard: where a rank is, for its launcher)
-torchrun_entry.py  one rank under torchrun: runs the script and reports as worker.py does
+torchrun_entry.py  one rank under torchrun: runs the script and reports as worker.py does; and
+                   torchrun's agent, started so that it dies with its launcher
 forkserver.py      run_on_ranks' warm server: imports torch once, forks each gloo rank
 nodeserver.py      a LocalCluster node's warm server: forks that node's agent and ranks
 node_client.py     what torchrun runs per rank when its node has a server: asks the server to

@@ -8,6 +8,9 @@ by its first argument. Where gpulab is on the path already (torchrun's ranks: th
 has it), `python -m gpulab.distributed.runtime.bootstrap ROLE ARGS` is the same. A process
 forked by a warm server (forkserver.py, nodeserver.py) calls enter() with the same role.
 
+ROLES names each role's entry point by module and function (text, so that this module imports
+none of the runtime, and none of it imports back), each called with the role's arguments as text:
+
 role           what the process becomes                       started by
 rank           one rank of run_on_ranks (worker.py)           launch.py, or forkserver.py's fork
 forkserver     run_on_ranks' warm server                      forkserver.py
@@ -15,11 +18,12 @@ nodeserver     a LocalCluster node's warm server              nodeserver.py
 agent          torchrun's agent, dying with LAUNCHER_PID      torchrun.py, cluster.py, nodeserver.py
 torchrun-rank  one rank under torchrun (torchrun_entry.py)    torchrun's agent, node_client.py
 
-Standard library only at import: node_client.py loads this file by its path.
+Standard library only: node_client.py loads this file by its path.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -30,6 +34,14 @@ LINE = ("import sys; sys.path.insert(0, {root!r}); "
 MODULE = "gpulab.distributed.runtime.bootstrap"
 # What torchrun runs for each rank in a fresh interpreter: its PYTHONPATH holds PACKAGE_ROOT.
 TORCHRUN_RANK = ("-m", MODULE, "torchrun-rank")
+RUNTIME = "gpulab.distributed.runtime"
+ROLES = {  # role -> (module, function)
+    "rank": (f"{RUNTIME}.worker", "main"),
+    "forkserver": (f"{RUNTIME}.forkserver", "serve"),
+    "nodeserver": (f"{RUNTIME}.nodeserver", "serve"),
+    "agent": (f"{RUNTIME}.torchrun_entry", "run_agent"),
+    "torchrun-rank": (f"{RUNTIME}.torchrun_entry", "main"),
+}
 
 
 def command(role: str, *args) -> list[str]:
@@ -48,48 +60,9 @@ def main(argv: list[str] | None = None) -> None:
 def enter(role: str, args: list[str], **forked) -> None:
     """Become `role` with `args`; `forked`: what a server's child passes to its rank (the
     rank's own "go" pipe and parent)."""
-    ROLES[role](*args, **forked)
+    module, function = ROLES[role]
+    getattr(importlib.import_module(module), function)(*args, **forked)
 
-
-def run_rank(launch_dir: str, rank: str, **forked) -> None:
-    from gpulab.distributed.runtime.worker import main as rank_main
-
-    rank_main(launch_dir, rank, **forked)
-
-
-def run_forkserver(fd: str, launcher_pid: str) -> None:
-    from gpulab.distributed.runtime.forkserver import serve
-
-    serve(int(fd), int(launcher_pid))
-
-
-def run_nodeserver(path: str, launcher_pid: str) -> None:
-    from gpulab.distributed.runtime.nodeserver import serve
-
-    serve(path, int(launcher_pid))
-
-
-def run_agent(launcher_pid: str, *torchrun_args: str) -> None:
-    """torchrun's agent (`python -m torch.distributed.run ARGS`), which dies with the launcher
-    (PR_SET_PDEATHSIG) before torchrun's own code starts."""
-    import runpy
-
-    from gpulab.distributed.runtime.processes import die_with_parent
-
-    die_with_parent(int(launcher_pid))
-    sys.argv = ["torchrun", *torchrun_args]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
-
-
-def run_torchrun_rank(report_dir: str, script: str, *args: str) -> None:
-    import gpulab  # noqa: F401 - decides the runner before the script imports numba.cuda
-    from gpulab.distributed.runtime.torchrun_entry import main as torchrun_main
-
-    torchrun_main(report_dir, script, *args)
-
-
-ROLES = {"rank": run_rank, "forkserver": run_forkserver, "nodeserver": run_nodeserver,
-         "agent": run_agent, "torchrun-rank": run_torchrun_rank}
 
 if __name__ == "__main__":
     main()

@@ -236,13 +236,13 @@ class ForkServer:
 # ----------------------------------------------------------------------------- the server
 
 
-def serve(fd: int, launcher_pid: int) -> None:
+def serve(fd: int | str, launcher_pid: int | str) -> None:
     """The server's loop: fork a rank per request, report each child's pid and exit code;
-    exit when the launcher's end closes."""
+    exit when the launcher's end closes. (Its bootstrap passes both numbers as text.)"""
     from gpulab.distributed.runtime.processes import die_with_parent
 
-    die_with_parent(launcher_pid)
-    sock = socket.socket(fileno=fd)
+    die_with_parent(int(launcher_pid))
+    sock = socket.socket(fileno=int(fd))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is the launcher's
     for name in WARM:  # the point of the server: imported once, for every rank
         importlib.import_module(name)

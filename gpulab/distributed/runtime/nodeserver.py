@@ -90,10 +90,10 @@ class NodeServer:
 # ----------------------------------------------------------------------------- the server
 
 
-def serve(path: str, launcher_pid: int) -> None:
+def serve(path: str, launcher_pid: int | str) -> None:
     """Bind `path`, import WARM, then fork an agent or a rank per client until the launcher
     stops it."""
-    processes.die_with_parent(launcher_pid)
+    processes.die_with_parent(int(launcher_pid))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the launcher's to handle
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)  # first: clients that connect while it imports wait in the backlog

@@ -1,4 +1,5 @@
-"""What each torchrun worker runs before the learner's script (see torchrun.py):
+"""What each torchrun worker runs before the learner's script (see torchrun.py), and torchrun's
+agent itself (run_agent), both started by bootstrap.py:
 
     torchrun ... -m gpulab.distributed.runtime.bootstrap torchrun-rank REPORT_DIR script.py ARGS
 
@@ -50,7 +51,19 @@ def watch_init(dist, board) -> None:
     dist.init_process_group = init_process_group
 
 
+def run_agent(launcher_pid: str, *torchrun_args: str) -> None:
+    """torchrun's agent (`python -m torch.distributed.run ARGS`), which dies with the launcher
+    (PR_SET_PDEATHSIG) before torchrun's own code starts."""
+    from gpulab.distributed.runtime.processes import die_with_parent
+
+    die_with_parent(int(launcher_pid))
+    sys.argv = ["torchrun", *torchrun_args]
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+
+
 def main(report_dir: str, script: str, *args: str) -> None:
+    """One rank: report where it is, then run `script` with `args` as `python script.py` would.
+    Its imports of gpulab (below) decide the runner before the script imports numba.cuda."""
     from gpulab.distributed.runtime.processes import STACK_SIGNAL, die_with_parent
     from gpulab.distributed.runtime.worker import StatusBoard, watch_collectives
 
