@@ -30,9 +30,15 @@ import torch.distributed as dist
 
 # Collectives a ring may not use (barrier is allowed: it moves no data).
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
+               "reduce_scatter_single", "all_to_all", "all_to_all_single",
                "gather", "scatter", "all_gather_object", "broadcast_object_list",
                "gather_object", "scatter_object_list", "all_reduce_coalesced", "barrier")
+# The argument that holds a collective's whole data, where it is not the first tensor: an
+# all-gather's output, a reduce-scatter's input (the others' first tensor is the whole).
+WHOLE_DATA = {"all_gather": "tensor_list", "all_gather_into_tensor": "output_tensor",
+              "all_gather_single": "output_tensor", "reduce_scatter": "input_list",
+              "reduce_scatter_tensor": "input", "reduce_scatter_single": "input"}
 # isend and irecv are left alone: P2POp accepts only the original functions.
 POINT_TO_POINT = ("send", "recv", "batch_isend_irecv")
 # Code the learner's code may not run: (part of its path, whose it is). The launcher's own code in
@@ -46,7 +52,8 @@ class CallLog:
     """torch.distributed calls made while `recording`, in order, with the phase they came in.
 
     Each call is a dict: call (its name), phase ("backward", "finish", a case's label...), step,
-    numel, dtype and device type (of its first tensor), async (async_op=True), waited (its
+    numel, dtype and device type (of its first tensor), bytes (of the whole data it reduces,
+    gathers or broadcasts: WHOLE_DATA), async (async_op=True), waited (its
     handle's wait() was called), pending (gradients not yet computed, when the checker counts
     them). Every event is also a JSON line in `path`, flushed at once: a checker reads it after
     a hang or a crash.
@@ -92,6 +99,7 @@ class CallLog:
                 "numel": None if tensor is None else int(tensor.numel()),
                 "dtype": None if tensor is None else str(tensor.dtype).removeprefix("torch."),
                 "device": None if tensor is None else tensor.device.type,
+                "bytes": _whole_bytes(bound.get(WHOLE_DATA.get(name, ""), tensor)),
                 "async": bool(bound.get("async_op", False)), "waited": False,
                 "pending": None if self.pending is None else int(self.pending())}
         self.calls.append(call)
@@ -150,6 +158,15 @@ class _Recording:
         for module, name, original in reversed(self.saved):
             setattr(module, name, original)
         return False
+
+
+def _whole_bytes(data) -> int | None:
+    """Bytes of a tensor, or of a list of tensors (an all-gather's list): None for anything
+    else (no tensor: a barrier, an object collective)."""
+    tensors = data if isinstance(data, list | tuple) else [data]
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    return sum(int(t.numel()) * t.element_size() for t in tensors)
 
 
 def _recorder(log: CallLog, name: str, original):

@@ -103,4 +103,30 @@ HINTS: dict[str, tuple[str, str, str]] = {
         lines.
         """,
     ),
+    "sharded_adamw": (
+        """
+        Every rank takes the same step, so the state need not be copied: give each rank one
+        slice of the parameters to own. A step is then three moves: bring each slice's mean
+        gradient to its owner, let the owner alone run AdamW on its slice, and hand every
+        updated slice back to every rank so the replicas are whole again.
+        """,
+        """
+        Think of all the parameters as one flat vector, padded with zeros to world_size equal
+        slices; rank r owns slice r. In __init__ keep an fp32 copy of your slice as a tensor
+        that requires grad, and build torch.optim.AdamW over that one tensor: its exp_avg and
+        exp_avg_sq are then your slice's. In step(): flatten the gradients the same way,
+        reduce-scatter them into your slice, divide by the world size, step, then all-gather
+        the slices into a whole vector made inside step() and copy it back into the
+        parameters.
+        """,
+        """
+        size = ceil(n / world_size) elements a slice, so the padded vector has size *
+        world_size; rank r's slice is elements r * size .. (r + 1) * size - 1. The gradient
+        goes through dist.reduce_scatter_tensor(out, padded_grads) with out of `size`
+        elements, then into your copy's .grad; the update leaves through
+        dist.all_gather_into_tensor(whole, copy) and whole[:n].split(the tensors' numels),
+        each piece .view_as its parameter and copied into it under torch.no_grad(). About 20
+        lines in all.
+        """,
+    ),
 }
