@@ -52,7 +52,7 @@ from gpulab.env import FRESH_RANKS_VARIABLE, MOMENTARY_VARIABLES, fresh_ranks
 WARM = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor", "gpulab",
         "gpulab.distributed.runtime.by_value", "gpulab.distributed.runtime.worker")
 _MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
-_START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
+START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
 
 
 class _Shared:
@@ -129,18 +129,36 @@ class ForkedRank:
         return self.returncode
 
 
+def _gone(pid: int) -> bool:
+    """No such process, another user's (the pid was reused), or a zombie: dead, and no longer
+    anyone's to reap here (its parent, the server, died before it)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # Linux, as the server is
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 class ForkServer:
     """The launcher's end: one socket to the server, and the exit codes it reports."""
 
-    def __init__(self, momentary: frozenset[str] = MOMENTARY_VARIABLES):
+    def __init__(self, momentary: frozenset[str] = MOMENTARY_VARIABLES, command=None,
+                 start_timeout_s: float = START_TIMEOUT_S):
+        """`command(fd, launcher_pid)`: the server's command line (default: bootstrap's
+        "forkserver" role; a test starts one of its own that speaks the same protocol)."""
+        command = command or (lambda fd, pid: bootstrap.command("forkserver", fd, pid))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._momentary = momentary
+        self._momentary, self._start_timeout_s = momentary, start_timeout_s
         self._environ = lasting(os.environ, momentary)
         env = dict(self._environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
                    GPULAB_RUNNER=gpulab.runner.name)  # decides as the ranks' environment does
         try:
             self._proc = subprocess.Popen(
-                bootstrap.command("forkserver", theirs.fileno(), os.getpid()),
+                command(theirs.fileno(), os.getpid()),
                 env=env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 start_new_session=True)
         finally:
@@ -168,10 +186,12 @@ class ForkServer:
                 request_id, self._next_id = self._next_id, self._next_id + 1
             message = json.dumps({"id": request_id, "argv": argv, "env": env}).encode()
             socket.send_fds(self._socket, [message], [out_write, err_write, go_fd])
+        except OSError:
+            pass  # the server is gone: said below, with its exit code
         finally:
             os.close(out_write)
             os.close(err_write)
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + self._start_timeout_s
         with self._changed:
             while request_id not in self._replies:
                 if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -193,13 +213,7 @@ class ForkServer:
                 return self._exits[pid]
         if self._proc.poll() is None:
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return -signal.SIGKILL
-        except PermissionError:  # a pid reused by another user's process: ours is gone
-            return -signal.SIGKILL
-        return None
+        return -signal.SIGKILL if _gone(pid) else None
 
     def close(self) -> None:
         """Close the socket: the server sees end of file and exits; its children are the
@@ -246,7 +260,13 @@ def serve(fd: int | str, launcher_pid: int | str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Jupyter's interrupt is the launcher's
     for name in WARM:  # the point of the server: imported once, for every rank
         importlib.import_module(name)
+    serve_forks(sock, _become_rank)
 
+
+def serve_forks(sock: socket.socket, become) -> None:
+    """The protocol's server end, on `sock`: per request (JSON and 3 file descriptors), fork a
+    child that runs become(sock, request, fds) and never returns; answer {"id", "pid"}, then
+    {"exit": pid, "code"} when it ends. Exit when the launcher's end closes."""
     children: set[int] = set()
     while True:
         ready, _, _ = select.select([sock], [], [], 0.05)
@@ -260,7 +280,7 @@ def serve(fd: int | str, launcher_pid: int | str) -> None:
             request = json.loads(message)
             pid = os.fork()
             if pid == 0:
-                _become_rank(sock, request, fds)  # never returns
+                become(sock, request, fds)  # never returns
             for child_fd in fds:
                 os.close(child_fd)
             children.add(pid)

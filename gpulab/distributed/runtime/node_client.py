@@ -63,7 +63,8 @@ def _run_here(kind: str, args) -> None:
 
 def _exit_as(code: int) -> None:
     if code < 0:  # killed by a signal: die of the same one, so the agent sees what happened
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # theirs cannot be set, or caught
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1)
     os._exit(code if 0 <= code < 256 else 1)
