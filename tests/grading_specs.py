@@ -479,10 +479,16 @@ LAB5 = Spec(
                 "            dist.all_reduce(p.grad, group=self.group)\n", "            pass\n",
                 "test_sp_block", r"the gradient of ln_1\.weight \(ln_1\.weight\) is this rank's "
                 r"part only .* sync_replicated_grads\(\) must all-reduce"),
+        # Valid and within the memory bound: only the simulator's bubble shows it.
+        Mistake("same_warmup_on_every_device", "interleaved",
+                "warmup = min(2 * (p - stage - 1) + (v - 1) * p, total)",
+                "warmup = min((v - 1) * p, total)", "test_interleaved",
+                r"leaves a bubble of 0\.692 of the stage-time idle; the bound is 0\.158"),
     ),
-    # Parts 5 and 6's mistakes ride with Part 4's: one notebook, one cluster run.
-    end_to_end=("mlp_left_whole", "image_too_new", "norm_grads_unsynced"),
-    together="three_mistakes",
+    # Parts 5, 6 and 7's mistakes ride with Part 4's: one notebook, one cluster run.
+    end_to_end=("mlp_left_whole", "image_too_new", "norm_grads_unsynced",
+                "same_warmup_on_every_device"),
+    together="four_mistakes",
     hidden_at_least=5,
     # `import copy`, the pipeline's pieces (split_gpt, PipelineStage, run_pipeline) and JobSpec,
     # and Part 5's cost functions, which the answers use.

@@ -23,7 +23,13 @@ from lab_submissions import Lab, cell_by_grade_id
 from torch import nn
 
 from gpulab.checks.keys import answer_key
-from gpulab.checks.lab5 import check_cloud_job, check_one_f_one_b, check_tp_linear, check_tp_mlp
+from gpulab.checks.lab5 import (
+    check_cloud_job,
+    check_interleaved,
+    check_one_f_one_b,
+    check_tp_linear,
+    check_tp_mlp,
+)
 from gpulab.checks.lab5 import ranks as lab5_ranks
 from gpulab.checks.lab5 import tp_linear as lab5
 from gpulab.checks.lab5.cloud_job import SCENARIO, job_preemptions_per_hour, limits
@@ -276,6 +282,66 @@ def one_f_one_b_stage(p, m, stage):
     return [list(action) for action in _tuples(p, m, stage)]
 """).one_f_one_b_stage)
     assert stage(2, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+# ----------------------------------------------------------------------------- Part 7
+
+INTERLEAVED = cell_by_grade_id(SOLUTION, "interleaved").source
+
+
+def interleaved(changes=(), code: str | None = None):
+    """The answer's interleaved_stage with (old, new) `changes`, or `code` instead of it."""
+    source = INTERLEAVED if code is None else code
+    for old, new in changes:
+        assert source.count(old) == 1, f"{old!r} is not once in the answer: update this test"
+        source = source.replace(old, new)
+    module = types.ModuleType("__main__")
+    exec(compile(source, CELL_FILE, "exec"), module.__dict__)
+    return module.interleaved_stage
+
+
+def test_the_answer_meets_both_bounds_for_every_size():
+    for p, m in ((4, 8), (2, 4), (3, 6), (4, 12), (1, 3)):
+        check_interleaved(interleaved(), p=p, m=m)
+
+
+WARMUP = "warmup = min(2 * (p - stage - 1) + (v - 1) * p, total)"
+WRONG_INTERLEAVED = {
+    "gpipe_over_chunks": (
+        [], "def interleaved_stage(p, m, stage):\n    return [('F', i, c) for c in (0, 1) for i "
+        "in range(m)] + [('B', i, c) for c in (1, 0) for i in range(m)]",
+        r"holds 16 microbatch-chunks in flight on device 0, more than 11 = \(v \+ 1\) p - 1\. "
+        r"That is GPipe's memory"),
+    "warmup_too_long": (
+        [(WARMUP, "warmup = min(2 * (p - stage - 1) + (v - 1) * p + 2, total)")], None,
+        r"holds 13 microbatch-chunks in flight on device 0, more than 11"),
+    "warmup_too_short": (
+        [(WARMUP, "warmup = min(2 * (p - stage - 1), total)")], None,
+        r"breaks a rule: stage 2 runs B0 \(chunk 1\) \(position 3\) before F0 \(chunk 1\)"),
+    "same_warmup_on_every_device": (
+        [(WARMUP, "warmup = min((v - 1) * p, total)")], None,
+        r"leaves a bubble of 0\.692 of the stage-time idle; the bound is 0\.158 = \(p - 1\) / "
+        r"\(v m \+ p - 1\), 1F1B's is 0\.273"),
+    "both_chunks_of_a_microbatch_in_turn": (
+        [("        chunk = within // p if kind == \"F\" else v - 1 - within // p\n"
+          "        return (kind, group * p + within % p, chunk)",
+          "        return (kind, k // 2, k % 2 if kind == \"F\" else 1 - k % 2)")], None,
+        r"breaks a rule: the order deadlocks"),
+    "gpulabs_own": (
+        [], "from gpulab.distributed.schedule import interleaved_order\n\n\n"
+        "def interleaved_stage(p, m, stage):\n    return interleaved_order(p, m, 2)[stage]",
+        r"ran gpulab's own code \(schedule\.py: interleaved_order\).*earns no points"),
+    "not_a_list": (
+        [("    return order + [nth(k, \"B\") for k in range(total - warmup, total)]",
+          "    return iter(order)")], None,
+        r"returned list_iterator: return a list of \('F', i, chunk\) and \('B', i, chunk\)"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_INTERLEAVED)
+def test_a_wrong_interleaved_schedule_fails_with_its_message(name):
+    changes, code, match = WRONG_INTERLEAVED[name]
+    fails(check_interleaved, interleaved(changes, code), p=4, m=8, match=match)
 
 
 # ----------------------------------------------------------------------------- Part 5

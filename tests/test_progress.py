@@ -205,7 +205,7 @@ def test_progress_prints_a_table_and_a_bar_that_can_be_turned_off(capsys):
     namespace = lab_namespace("lab5_parallelism_across_nodes", {"one_f_one_b": None})
     progress("lab5", namespace=namespace)
     shown = capsys.readouterr()
-    assert "1 of 6 parts pass" in shown.out and re.search(r"one_f_one_b\s+4\s+pass", shown.out)
+    assert "1 of 7 parts pass" in shown.out and re.search(r"one_f_one_b\s+4\s+pass", shown.out)
     assert re.search(r"tp_linear\s+3?4\s+not defined", shown.out)
     assert "part/s" in shown.err  # tqdm's bar, on stderr
     progress("lab5", part="one_f_one_b", namespace=namespace, progress=False)

@@ -142,4 +142,25 @@ HINTS: dict[str, tuple[str, str, str]] = {
         dim=1))), each chunk made contiguous.
         """,
     ),
+    "interleaved": (
+        """
+        The bubble is the time the pipeline takes to fill and to drain. With two chunks per
+        device each visit costs half, so a device can start useful work sooner, but only if the
+        next microbatches reach its first chunk before its second chunk has anything to do.
+        Keep the memory bound in mind: it decides when a backward must come before a forward.
+        """,
+        """
+        Send microbatches through in rounds: p of them through chunk 0, then the same p through
+        chunk 1, then the next p; backwards in rounds too, chunk 1 before chunk 0. Each device
+        warms up with forwards only, then alternates one forward and one backward, then drains
+        the backwards left. Count the warm-up so that its first backward has come back by the
+        time it asks for it: later devices need fewer forwards to get there.
+        """,
+        """
+        Number a device's forwards k = 0 .. 2m - 1: round k // (2p), chunk (k % 2p) // p,
+        microbatch (k // 2p) p + k % p; backwards alike with the chunk reversed. A warm-up of
+        2(p - stage - 1) + p forwards (at most 2m) on device `stage` fills both chunks'
+        pipelines; then pairs of one forward and one backward; then the backwards left.
+        """,
+    ),
 }

@@ -35,7 +35,8 @@ def check_one_f_one_b(one_f_one_b_stage, p: int = 4, m: int = 8) -> None:
     want = one_f_one_b_order(p, m)
     got = []
     for stage in range(p):
-        order = _call(one_f_one_b_stage, p, m, stage)
+        order = call_order(one_f_one_b_stage, f"one_f_one_b_stage(p={p}, m={m}, stage={stage})",
+                           "one_f_one_b_order", "('F', i) and ('B', i)", p, m, stage)
         if order != want[stage]:
             raise AssertionError(f"one_f_one_b_stage(p={p}, m={m}, stage={stage}) returned "
                                  f"{_text(order)}.\n{_mistake(order, want, p, m, stage)}")
@@ -46,9 +47,9 @@ def check_one_f_one_b(one_f_one_b_stage, p: int = 4, m: int = 8) -> None:
         raise AssertionError(f"1F1B with p={p}, m={m} broke a rule: {error}") from None
 
 
-def _call(fn, p: int, m: int, stage: int) -> list:
-    """fn(p, m, stage) as a list of tuples; AssertionError when it raises, returns something
-    other than a list of pairs, or runs gpulab's own schedules."""
+def call_order(fn, call: str, library: str, actions: str, *args) -> list:
+    """fn(*args) as a list of tuples; AssertionError when it raises, returns something other
+    than a list (of `actions`), or runs gpulab's own schedules (`library`: the one to copy)."""
     borrowed = []
 
     def watch(frame, event, arg):
@@ -56,11 +57,10 @@ def _call(fn, p: int, m: int, stage: int) -> list:
             borrowed.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}: "
                             f"{frame.f_code.co_name}")
 
-    call = f"one_f_one_b_stage(p={p}, m={m}, stage={stage})"
     previous = sys.getprofile()
     sys.setprofile(watch)
     try:
-        order = fn(p, m, stage)
+        order = fn(*args)
     except NotImplementedError:
         raise AssertionError(f"{call} raised NotImplementedError. Replace `raise "
                              "NotImplementedError()` with your code.") from None
@@ -70,10 +70,10 @@ def _call(fn, p: int, m: int, stage: int) -> list:
         sys.setprofile(previous)
     if borrowed:
         raise AssertionError(f"{call} ran gpulab's own code ({borrowed[0]}): build the order "
-                             "yourself; gpulab's one_f_one_b_order (lesson 06) earns no points.")
+                             f"yourself; gpulab's {library} (lesson 06) earns no points.")
     if not isinstance(order, list | tuple):
         raise AssertionError(f"{call} returned {type(order).__name__}: return a list of "
-                             "('F', i) and ('B', i) tuples.")
+                             f"{actions} tuples.")
     return [tuple(a) if isinstance(a, list | tuple) else a for a in order]
 
 
