@@ -28,12 +28,14 @@ from gpulab.distributed import (
     LaunchTimeout,
     LocalCluster,
     NetnsError,
-    netns,
     pytorchjob,
     render_pytorchjob,
     render_sbatch,
 )
 from gpulab.distributed.job_templates import to_yaml
+from gpulab.distributed.runtime import cluster as cluster_module
+from gpulab.distributed.runtime import netns
+from gpulab.distributed.runtime.processes import OutputForwarder
 
 pytestmark = pytest.mark.dist
 OURS = f"{netns.PREFIX}{os.getpid()}-"  # the namespaces this test process makes
@@ -449,23 +451,34 @@ def test_cluster_train_batches_depend_on_the_step_alone():
 
 
 
-QUIET_THEN_DONE = """
-import time
+QUIET_UNTIL_HEARD = """
+import os, sys, time
 print("start-up chatter", flush=True)
-time.sleep(12)  # longer than HEARTBEAT_S, with nothing to show
+while not os.path.exists(sys.argv[1]):  # silent until the launcher has said it is alive
+    time.sleep(0.05)
 print("progress: done", flush=True)
 """
 
 
-def test_a_filtered_run_shows_its_lines_and_says_it_is_alive_when_silent(tmp_path, capsys,
-                                                                         nothing_left_behind):
+def test_a_filtered_run_shows_its_lines_and_says_it_is_alive_when_silent(
+        tmp_path, capsys, monkeypatch, nothing_left_behind):
     """run_capstone's progress mode: only the lines the filter keeps, and a heartbeat when the
-    nodes show nothing for HEARTBEAT_S (a restart of the group takes that long)."""
-    script = tmp_path / "quiet.py"
-    script.write_text(QUIET_THEN_DONE)
+    nodes show nothing for HEARTBEAT_S (a restart of the group takes that long). The rank stays
+    silent until the heartbeat is said (a file it waits for), however long that takes."""
+    script, heard = tmp_path / "quiet.py", tmp_path / "heard"
+    script.write_text(QUIET_UNTIL_HEARD)
+    monkeypatch.setattr(cluster_module, "HEARTBEAT_S", 1.0)  # quicker; the order is the event's
+    say = OutputForwarder.say
+
+    def say_and_tell(self, text, to_stderr=False):
+        say(self, text, to_stderr)
+        if text.startswith("[cluster] still running"):
+            heard.touch()
+
+    monkeypatch.setattr(OutputForwarder, "say", say_and_tell)
     with LocalCluster(nodes=1, procs_per_node=1, isolation="loopback",
                       echo=lambda line: "progress:" in line) as cluster:
-        result = cluster.run(script, timeout_s=60)
+        result = cluster.run(script, args=[str(heard)], timeout_s=60)
     assert result.ok, result.error
     out = capsys.readouterr().out
     assert "progress: done" in out and "start-up chatter" not in out

@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 import types
+from pathlib import Path
 
 import psutil
 import pytest
@@ -33,6 +34,7 @@ from gpulab.distributed import (
     torchrun_script,
 )
 from gpulab.distributed.runtime import by_value
+from gpulab.distributed.runtime.worker import read_status
 
 pytestmark = pytest.mark.dist
 
@@ -154,20 +156,20 @@ def test_ranks_return_in_order_and_notebook_functions_travel(capsys, no_leftover
     assert from_thread["values"] == [(30.0, 6.0, 24, 0), (30.0, 6.0, 24, 1)]
 
 
-def _raise_on_rank_1(rank, world_size, marker):
+def _raise_on_rank_1(rank, world_size):
     if rank == 1:
-        while not os.path.exists(marker):  # let rank 0 reach its barrier first
+        # Only once rank 0 is inside its barrier, as its status says: a rank's sys.argv is
+        # bootstrap's (-c rank LAUNCH_DIR RANK), and its status file is in LAUNCH_DIR.
+        rank_0 = Path(sys.argv[2]) / "rank0.status"
+        while read_status(rank_0)[:1] != ("wait",):
             time.sleep(0.01)
-        time.sleep(0.3)
         raise ValueError("rank 1 has a bad shard")
-    open(marker, "w").close()
     dist.barrier()  # rank 0 waits here for a rank that will never come
 
 
-def test_an_exception_comes_back_with_its_rank_and_traceback(tmp_path, no_leftovers):
+def test_an_exception_comes_back_with_its_rank_and_traceback(no_leftovers):
     with pytest.raises(RankError) as caught:
-        run_on_ranks(_raise_on_rank_1, 2, str(tmp_path / "in-barrier"), timeout_s=60,
-                     backend="gloo")
+        run_on_ranks(_raise_on_rank_1, 2, timeout_s=60, backend="gloo")
     error = caught.value
     assert error.rank == 1 and error.exc_type == "ValueError"
     assert isinstance(error.exception, ValueError)

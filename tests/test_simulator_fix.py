@@ -1,8 +1,8 @@
-"""The simulator's shared-memory race (gpulab/simulator_fix.py), forced: np.empty made slow so
-that every thread of the first block finds the array missing at once."""
+"""The simulator's shared-memory race (gpulab/simulator_fix.py), forced: np.empty waits until
+every thread of the block has called it, so that each finds the array missing."""
 
 import sys
-import time
+import threading
 import types
 
 import numpy as np
@@ -17,14 +17,20 @@ pytestmark = pytest.mark.skipif(not gpulab.runner.simulator, reason="the simulat
 kernelapi = pytest.importorskip("numba.cuda.simulator.kernelapi")
 
 
+THREADS_PER_BLOCK = 16
+
+
 @pytest.fixture
 def slow_allocations(monkeypatch):
-    """np.empty, as kernelapi sees it, sleeps first: the GIL goes to the other threads."""
+    """np.empty, as kernelapi sees it, returns only once all the block's threads have called it:
+    none has stored its array yet, so each found it missing (the race, every time). The
+    timeout only ends a wait that cannot fill: it fails the test, it does not pass it."""
     slow_np = types.ModuleType("numpy")
     slow_np.__dict__.update(np.__dict__)
+    every_thread = threading.Barrier(THREADS_PER_BLOCK)
 
     def slow_empty(*args, **kwargs):
-        time.sleep(0.02)  # long enough for every thread to get here first
+        every_thread.wait(timeout=60)
         return np.empty(*args, **kwargs)
 
     slow_np.empty = slow_empty
@@ -35,11 +41,11 @@ def slow_allocations(monkeypatch):
 @cuda.jit
 def tile_sums(out, x):
     """out[i] = sum of x over i's block, each thread reading the tile its block loaded."""
-    tile = cuda.shared.array(16, float32)
+    tile = cuda.shared.array(THREADS_PER_BLOCK, float32)
     tile[cuda.threadIdx.x] = x[cuda.grid(1)]
     cuda.syncthreads()
     acc = float32(0.0)
-    for j in range(16):
+    for j in range(THREADS_PER_BLOCK):
         acc += tile[j]
     out[cuda.grid(1)] = acc
 
@@ -47,8 +53,8 @@ def tile_sums(out, x):
 def run_tile_sums():
     x = np.arange(32, dtype=np.float32)
     out = np.zeros_like(x)
-    tile_sums[2, 16](out, x)
-    want = np.repeat(x.reshape(2, 16).sum(axis=1), 16)
+    tile_sums[2, THREADS_PER_BLOCK](out, x)
+    want = np.repeat(x.reshape(2, THREADS_PER_BLOCK).sum(axis=1), THREADS_PER_BLOCK)
     return np.array_equal(out, want)
 
 
