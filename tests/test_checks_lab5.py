@@ -305,6 +305,32 @@ def test_the_answer_meets_both_bounds_for_every_size():
         check_interleaved(interleaved(), p=p, m=m)
 
 
+@pytest.mark.dist
+def test_the_answer_runs_on_ranks_with_the_whole_gpts_gradients():
+    check_interleaved(interleaved(), p=2, m=4, on_ranks=True)
+    check_interleaved(interleaved(), p=3, m=6, on_ranks=True, seed=2)
+
+
+@pytest.mark.dist
+def test_a_run_that_drops_a_gradient_is_named(monkeypatch):
+    """The ranks' run is compared with the whole GPT: a rank that returns no gradient for a
+    parameter (here, the embedding's) fails, naming it."""
+    from gpulab.checks.lab5 import interleaved as checker
+
+    real = checker.launch
+
+    def without_embedding(*args, **kwargs):
+        results = real(*args, **kwargs)
+        for res in results:
+            res["grads"].pop("embed.wte.weight", None)
+        return results
+
+    monkeypatch.setattr(checker, "launch", without_embedding)
+    fails(check_interleaved, interleaved(), p=2, m=4, on_ranks=True,
+          match=r"on 2 ranks, two chunks of a GPT on each: the gradient of embed\.wte\.weight "
+                r"is wrong \(it is None")
+
+
 WARMUP = "warmup = min(2 * (p - stage - 1) + (v - 1) * p, total)"
 WRONG_INTERLEAVED = {
     "gpipe_over_chunks": (

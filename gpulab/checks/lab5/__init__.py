@@ -36,7 +36,9 @@ ASSIGNMENT = Assignment("lab5_parallelism_across_nodes", (
         {"nodes": 2, "procs_per_node": 2, "n_microbatches": 4})),
     part("cloud_job", 3, Check("check_cloud_job", ("cloud_job",), {})),
     part("sp_block", 4, Check("check_sp_block", ("SPBlock",), {"tp": 2})),
-    part("interleaved", 3, Check("check_interleaved", ("interleaved_stage",), {"p": 4, "m": 8})),
+    part("interleaved", 3,
+         Check("check_interleaved", ("interleaved_stage",), {"p": 4, "m": 8}),
+         Check("check_interleaved", ("interleaved_stage",), {"p": 2, "m": 4, "on_ranks": True})),
 ))
 ANSWERS = {"cloud_job": lambda: limits()}  # the scenario's limits, the same for every learner
 
