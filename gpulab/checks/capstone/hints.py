@@ -1,5 +1,5 @@
 """The capstone's hints, one level per call of `gpulab.hint("capstone", part)`
-(gpulab/self_check/hints.py): 1 the idea, 2 the plan, 3 the calls. The specs state the
+(gpulab/self_check/hints.py): 1 the idea, 2 the plan, 3 the shape of the code. The specs state the
 constraints (memory per rank, which mesh axis shards what, an exact resume); these lead to a
 design, one step at a time. The written answer (Part 4) is graded by hand and has none.
 Taught in: lessons/05_multi_gpu_strategies.ipynb, 06_model_pipeline_tensor_parallelism.ipynb,
@@ -23,12 +23,12 @@ HINTS: dict[str, tuple[str, str, str]] = {
         dp_size=4 is FSDP2 alone; a plan with tp_size=2 also works on this cluster.
         """,
         """
-        from torch.distributed.tensor.parallel import parallelize_module; if plan.tp_size > 1:
-        for block in model.blocks: parallelize_module(block, mesh["tp"], block_tp_plan()). If
-        plan.activation_checkpointing: checkpoint_blocks(model). policy =
-        MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=torch.float32); for
-        block in model.blocks: fully_shard(block, mesh=mesh["dp"], mp_policy=policy); then
-        fully_shard(model, mesh=mesh["dp"], mp_policy=policy); return model. About 10 lines.
+        parallelize_module (torch.distributed.tensor.parallel) takes one Block, the "tp"
+        sub-mesh and the plan's dict of layer styles. fully_shard takes a module, the "dp"
+        sub-mesh as mesh= and a MixedPrecisionPolicy as mp_policy=: one policy serves every
+        unit, its param_dtype the plan's, its reduce_dtype float32. The per-Block steps sit in
+        one loop over model.blocks; the root's fully_shard comes last, outside the loop, so it
+        owns only what no Block does. Return the same model object. About 10 lines.
         """,
     ),
     "memory_plan": (
@@ -71,12 +71,12 @@ HINTS: dict[str, tuple[str, str, str]] = {
         (in place), and set_state_dict it back; return that step, or 0 when none is complete.
         """,
         """
-        save: model_state, optim_state = get_state_dict(model, optimizer); dcp.save({"model":
-        model_state, "optim": optim_state}, checkpoint_id=Path(folder) / f"step_{step:06d}").
-        load: done = sorted(p for p in Path(folder).glob("step_*") if (p / ".metadata").exists());
-        state as in save; dcp.load(state, checkpoint_id=done[-1]); set_state_dict(model,
-        optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]); return
-        int(done[-1].name.removeprefix("step_")).
+        One folder per checkpoint under `folder`, named after its step zero-padded (so that
+        sorting the names sorts the steps): dcp.save and dcp.load take it as checkpoint_id.
+        The saved dict has two entries, the model's and the optimizer's state dicts from
+        get_state_dict. To load, build that same two-entry dict from the live model and
+        optimizer first (dcp.load fills it in place), then hand both halves to set_state_dict.
+        Skip folders without a .metadata file, and read the step back from the newest name.
         """,
     ),
 }
