@@ -44,7 +44,7 @@ SUBMISSIONS ?=
 RUNNER ?= cpu
 JOBS ?= 1
 
-.PHONY: install grader-tools browser-tools lab lab-instructor test lint bench gpu-check doctor \
+.PHONY: install grader-tools browser-tools lab lab-instructor test test-quick lint bench gpu-check doctor \
   release grade clean hub hub-tools hub-users
 
 # The course's own sources are compiled to bytecode on every install: where PYTHONDONTWRITEBYTECODE
@@ -167,6 +167,19 @@ test: install grader-tools browser-tools
 	  $$(( $$(date +%s) - start )) $$status $$(nproc) "$$(git rev-parse --short HEAD 2>/dev/null)" \
 	  "$(subst ",',$(PYTEST_ARGS))" "$$(date -u +%FT%TZ)" > benchmarks/results/make-test.json; \
 	exit $$status
+
+# While you work: the tests that need no ranks, no cluster and no grading batch (the library's
+# units, the simulator, the checkers' registry and layering, the fork server's protocol), in
+# under 3 minutes on 2 cores. `make test` runs them too, with everything else.
+QUICK_TESTS = tests/test_layering.py tests/test_runtime_forkserver.py tests/test_env.py \
+  tests/test_compat.py tests/test_hardware.py tests/test_cloud_cost.py tests/test_cloud_templates.py \
+  tests/test_distributed_schedule.py tests/test_distributed_groups.py tests/test_hints.py \
+  tests/test_sim_races.py tests/test_sim_trace.py tests/test_sim_count_loops.py \
+  tests/test_simulator_fix.py tests/test_quiz.py tests/test_quiz_slips.py \
+  tests/test_autograder_units.py tests/test_models.py tests/test_data.py tests/test_run_log.py
+test-quick: install
+	$(PY) -m pytest -q $(QUICK_TESTS) -m "not slow and not dist and not gpu and not browser" \
+	  $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check gpulab autograder tests benchmarks
