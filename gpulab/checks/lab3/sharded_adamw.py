@@ -105,7 +105,7 @@ def check_sharded_adamw(optimizer_class, world_size: int = 2, want: dict | None 
     _refuse_borrowed_and_other_traffic(label, results)
     _same_on_every_rank(label, results, names)
     _equal_to_ddp(label, case, results, want["params"], names, world_size)
-    _state_bytes(label, results, want["state_bytes"], len(shapes), world_size)
+    _state_bytes(label, results, want["state_bytes"], n_elements, len(shapes), world_size)
     _traffic(label, results, n_elements, len(shapes), world_size)
 
 
@@ -213,7 +213,8 @@ def _first_difference(got: list, want: list, names: list[str]) -> str | None:
     return None
 
 
-def _state_bytes(label, results, ddp_bytes: int, n_tensors: int, world_size: int) -> None:
+def _state_bytes(label, results, ddp_bytes: int, n_elements: int, n_tensors: int,
+                 world_size: int) -> None:
     most = int(STATE_FACTOR * ddp_bytes / world_size) + STATE_SLACK * n_tensors
     for r, res in enumerate(results):
         total = sum(t["bytes"] for t in res["kept"])
@@ -221,8 +222,12 @@ def _state_bytes(label, results, ddp_bytes: int, n_tensors: int, world_size: int
             continue
         largest = ", ".join(f"{t['where']} ({t['numel']} elements, {t['bytes']} bytes)"
                             for t in res["kept"][:3])
-        whole = ("That is the whole model's state on every rank, as DDP keeps it. "
-                 if total >= ddp_bytes else "")
+        if res["kept"][0]["numel"] >= n_elements:
+            whole = "One tensor kept is as large as the whole model. "
+        elif total >= ddp_bytes:
+            whole = "That is the whole model's state on every rank, as DDP keeps it. "
+        else:  # whole tensors dealt out by turn: as even as the largest tensor allows
+            whole = "That is more than one rank's share: the shares are uneven. "
         raise AssertionError(
             f"ShardedAdamW ({label}): the right parameters, but rank {r} keeps {total} bytes of "
             f"tensors between steps, where DDP's AdamW keeps {ddp_bytes} on every rank and a "
