@@ -26,7 +26,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict
 from pathlib import Path
 
@@ -104,6 +105,22 @@ def kill_leftovers(folder: Path) -> int:
     return len(found)
 
 
+# How often the grader's main thread wakes while it waits for a worker. Linux may deliver a
+# Ctrl-C to any thread: to a grading thread blocked in waitpid, it leaves the main thread asleep
+# in its wait, and the KeyboardInterrupt would come only once that submission is graded (a
+# learner's sleeping kernel: minutes). Waking runs the pending handler.
+WAKE_S = 0.2
+
+
+def _result(future: Future):
+    """future.result(), in short waits, so that a pending Ctrl-C is raised within WAKE_S."""
+    while True:
+        try:
+            return future.result(timeout=WAKE_S)
+        except FutureTimeout:
+            continue
+
+
 class WorkerPool:
     """Grade tasks with at most `jobs` worker processes at once; use as a context manager.
 
@@ -131,7 +148,7 @@ class WorkerPool:
         """Each task's result in the order of `tasks`, once it and those before it are done."""
         futures = [self._executor.submit(self.run, task) for task in tasks]
         for future in futures:
-            yield future.result()
+            yield _result(future)
 
     def stop(self) -> None:
         """Start no more workers, and kill those running."""

@@ -325,9 +325,37 @@ def test_a_rerun_grades_only_what_changed(course, parallel, tmp_path):
         assert fresh[LAB, student] == old[LAB, student], student
 
 
+def gated(subs: Path, into: Path, student: str) -> Path:
+    """A copy of `subs` in which `student`'s kernel waits, before its first answer, until a
+    file `go` appears in its working folder (let_go): the batch cannot finish before then."""
+    shutil.copytree(subs, into)
+    path = into / student / NOTEBOOK
+    path.chmod(0o644)
+    held = edit_cell(nbformat.read(path, as_version=4), "mean", "def mean",
+                     "import os, time\nwhile not os.path.exists('go'):  # until the test lets go\n"
+                     "    time.sleep(0.05)\n\n\ndef mean")
+    nbformat.write(held, path)
+    path.chmod(0o444)
+    return into
+
+
+def let_go(grader: Grader) -> bool:
+    """Put `go` in the working folder of each kernel of `grader` (through /proc: a sandboxed
+    kernel's folder is private); True once the grader has ended."""
+    for process in grader.watch().values():
+        if is_kernel(process):
+            try:
+                (Path(f"/proc/{process.pid}/cwd") / "go").touch()
+            except OSError:  # gone meanwhile, or its wrapper's folder is not writable
+                pass
+    return grader.process.poll() is not None
+
+
 @pytest.mark.slow
-def test_an_interrupted_then_killed_grader_finishes_with_the_same_grades(course, serial):
-    root, subs = course
+def test_an_interrupted_then_killed_grader_finishes_with_the_same_grades(course, serial,
+                                                                         tmp_path):
+    root, _ = course
+    subs = gated(course[1], tmp_path / "subs", "fay")  # fay's grade waits for the test's word
     before = digest(subs)
     grading = root / "interrupted"
     # Ctrl-C once a grade is recorded: the grader stops its workers, cleans up, exits 130.
@@ -348,9 +376,11 @@ def test_an_interrupted_then_killed_grader_finishes_with_the_same_grades(course,
     assert_all_gone(second.seen, within=15)
     assert any((grading / "tmp").iterdir()), "a killed run leaves its folders behind"
     kept = second.recorded()
-    assert kept < 6, "the batch was not interrupted"
-    # The same command again (with four jobs): it cleans up, skips what is recorded, finishes.
+    assert kept < 6, "fay's grade cannot be recorded before the test lets her kernel go"
+    # The same command again (with four jobs): it cleans up, skips what is recorded, finishes
+    # once fay's kernel may go on.
     third = Grader(root, subs, grading, "--jobs", "4")
+    wait_for(lambda: let_go(third), 300, "the third run did not finish")
     assert third.finish() == 0, third.output()
     assert third.output().count("(already graded)") == kept
     assert not any((grading / "tmp").iterdir())
