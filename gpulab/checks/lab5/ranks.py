@@ -5,8 +5,8 @@ split into groups of tp_size (`data["groups"]`, lists of global ranks: with more
 tp_size the groups are strided, [0, 2] and [1, 3], so that neither the default group nor a
 rank's place in the world is its place in its group). Each rank runs the learner's code on the
 inputs the checker chose for its group, records the collectives it made (and on which group),
-and returns plain tensors; the checkers (tp_linear.py, tp_mlp.py) grade those in the notebook's
-process.
+and returns plain tensors; the checkers (tp_linear.py, tp_mlp.py, sp_block.py) grade those in
+the notebook's process.
 
     tp_linear_rank   Part 1: CopyToTP, ReduceFromTP, ColumnParallelLinear, RowParallelLinear
     tp_mlp_rank      Part 2: TPMLP around a gpulab.models.FeedForward (a GPT Block's MLP)
