@@ -1,8 +1,9 @@
-"""Lab 3, Part 5's checker passes the solution's ShardedAdamW, and another right design (an
-all-reduce, then a broadcast from each slice's owner), and fails, with the message that names the
-mistake, the wrong versions learners write: the whole AdamW state on every rank, shards stepped
-with their own rank's gradient, no gathering after the step, a whole-model buffer kept on the
-optimizer, AdamW's state started afresh every step, an all-reduce used to gather, and lesson 05's
+"""Lab 3, Part 5's checker passes the solution's ShardedAdamW, and another right design (each
+gradient reduced to its owner, each parameter broadcast from it), and fails, with the message
+that names the mistake, the wrong versions learners write: the whole AdamW state on every rank,
+shards stepped with their own rank's gradient, no gathering after the step, a whole-model buffer
+kept on the optimizer, AdamW's state started afresh every step, an all-reduce of the gradients
+or of the parameters (1.5 times DDP's traffic), shares too uneven, and lesson 05's
 ZeroOneOptimizer borrowed. Each check is one launch of 2 or 3 processes (about 2 s).
 """
 
@@ -51,9 +52,10 @@ def test_the_solution_passes_the_visible_and_the_hidden_tests(want):
         check_sharded_adamw(sharded(), world_size=world_size, want=want)
 
 
-ALL_REDUCE_AND_BROADCASTS = '''
+REDUCE_TO_OWNERS = '''
 class ShardedAdamW:
-    """Whole parameters per owner; an all-reduce of the gradients, a broadcast per owner."""
+    """Whole tensors dealt out by turn; each gradient reduced to its owner, each parameter
+    broadcast from it."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         self.params = list(params)
@@ -65,18 +67,21 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def step(self):
-        for p in self.params:
-            dist.all_reduce(p.grad)
+        for p, owner in zip(self.params, self.owner):
+            dist.REDUCE_GRADIENT
             p.grad /= dist.get_world_size()
         if self.inner is not None:
             self.inner.step()
         for p, owner in zip(self.params, self.owner):
             dist.broadcast(p, src=owner)
 '''
+TO_OWNERS = "reduce(p.grad, dst=owner)"
+ALL_REDUCE_AND_BROADCASTS = REDUCE_TO_OWNERS.replace("REDUCE_GRADIENT", "all_reduce(p.grad)")
+REDUCE_TO_OWNERS = REDUCE_TO_OWNERS.replace("REDUCE_GRADIENT", TO_OWNERS)
 
 
-def test_an_all_reduce_and_a_broadcast_per_owner_pass_too(want):
-    check_sharded_adamw(sharded(replace=ALL_REDUCE_AND_BROADCASTS), world_size=3, want=want)
+def test_a_reduce_to_each_owner_and_a_broadcast_from_it_pass_too(want):
+    check_sharded_adamw(sharded(replace=REDUCE_TO_OWNERS), world_size=3, want=want)
 
 
 FULL_STATE = '''
@@ -136,8 +141,14 @@ WRONG = {
         {"changes": [(GATHER, "        rank = dist.get_rank()\n        whole.zero_()\n"
                               "        whole[rank * self.size:(rank + 1) * self.size] = "
                               "self.shard.detach()\n        dist.all_reduce(whole)\n")]},
-        r"the right parameters, but step 0 on rank 0 reduced 4528 bytes and gathered 0 "
-        r"\(by all_reduce, reduce_scatter_tensor\).*An all-reduce used to gather"),
+        r"the right parameters, but step 0 on rank 0 made reduce_scatter_tensor of 2264 bytes, "
+        r"all_reduce of 2264 bytes: a rank sends 3396 bytes in a ring, where DDP's all-reduce "
+        r"of the gradients sends 2308.*An all-reduce sends twice what a reduce-scatter does"),
+    "all_reduce_then_broadcasts": (
+        {"replace": ALL_REDUCE_AND_BROADCASTS, "world_size": 3},  # 2: too uneven, first
+        r"the right parameters, but step 0 on rank 0 made all_reduce of 2260 bytes, broadcast "
+        r"of 2260 bytes: a rank sends 4520 bytes in a ring, where DDP's all-reduce of the "
+        r"gradients sends 3109.*An all-reduce sends twice what a reduce-scatter does"),
     "whole_buffer_kept": (
         {"changes": [("        whole = torch.empty(self.size * world_size)  # made here: not "
                       "kept between steps\n", "        self.whole = whole = torch.empty("
@@ -160,13 +171,14 @@ WRONG = {
 
 @pytest.mark.parametrize("name", WRONG)
 def test_a_wrong_sharded_optimizer_fails_with_its_message(want, name):
-    how, match = WRONG[name]
-    fails(sharded(**how), want, match)
+    how, match = dict(WRONG[name][0]), WRONG[name][1]
+    world_size = how.pop("world_size", 2)
+    fails(sharded(**how), want, match, world_size)
 
 
 def test_whole_tensors_dealt_out_by_turn_are_too_uneven_on_2_ranks(want):
     """The same design that passes on 3 ranks: on 2, rank 0 gets 528 of the 565 elements' state."""
-    fails(sharded(replace=ALL_REDUCE_AND_BROADCASTS), want,
+    fails(sharded(replace=REDUCE_TO_OWNERS), want,
           r"rank 0 keeps 4236 bytes of tensors between steps.*at most 3600 here.*That is more "
           r"than one rank's share: the shares are uneven")
 
