@@ -158,7 +158,7 @@ hub: install grader-tools hub-tools hub-users
 # longest files first (--no-loadscope-reorder keeps that order).
 # Its wall time goes to benchmarks/results/make-test.json, which `make bench` reports (target:
 # under 20 minutes on a 2-core machine).
-test: install grader-tools browser-tools
+test: install grader-tools browser-tools hub-tools
 	@start=$$(date +%s); \
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests lessons \
 	  $(NBVAL) --nbval-sanitize-with lessons/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS); \

@@ -15,7 +15,9 @@ Everything here is the hub's own machinery, configured:
 The hub's state lives in GPULAB_HUB_STATE (default .hub/ in the repository):
     exchange/       nbgrader's exchange, shared by everyone (`python -m autograder publish`...)
     course/         the grading root (`python -m autograder ... --course-dir .hub/course`)
-    home/<user>/    each user's work, the folder their JupyterLab serves
+    users/<user>/   each user's Jupyter state (runtime files, settings, nbgrader's cache of
+                    what they handed in); their work is in their account's home, which their
+                    JupyterLab serves (nbgrader fetches into its working folder, the home)
     jupyterhub.sqlite, jupyterhub_cookie_secret, proxy.pid    the hub's own
 Ports: GPULAB_HUB_PORT (the address users open, default 8000), GPULAB_HUB_API_PORT (default 8081)
 and GPULAB_HUB_PROXY_API_PORT (default 8001). The proxy (configurable-http-proxy, from npm) is
@@ -34,7 +36,7 @@ from roster import INSTRUCTORS, LEARNERS  # noqa: E402 (the folder goes on the p
 c = get_config()  # noqa: F821 (traitlets defines it when it runs this file)
 
 STATE = Path(os.environ.get("GPULAB_HUB_STATE", HERE.parent / ".hub")).resolve()
-EXCHANGE, COURSE, HOMES = STATE / "exchange", STATE / "course", STATE / "home"
+EXCHANGE, COURSE, USERS = STATE / "exchange", STATE / "course", STATE / "users"
 PORT = int(os.environ.get("GPULAB_HUB_PORT", "8000"))
 # A cold JupyterLab importing nbgrader on a busy 2-core machine takes tens of seconds.
 START_TIMEOUT_S = 180
@@ -57,7 +59,6 @@ c.Authenticator.admin_users = set(INSTRUCTORS)
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
 c.Spawner.default_url = "/lab"
-c.Spawner.notebook_dir = str(HOMES / "{username}")
 c.Spawner.start_timeout = START_TIMEOUT_S
 c.Spawner.http_timeout = START_TIMEOUT_S
 
@@ -70,9 +71,9 @@ def role_config_path(spawner) -> str:
 
 
 def in_home(*parts: str):
-    """An environment value: a folder in the user's hub home (their Jupyter state stays in the
-    hub's state folder, away from the system account's own home)."""
-    return lambda spawner: str(HOMES.joinpath(spawner.user.name, ".local", *parts))
+    """An environment value: a folder of the user's Jupyter state, kept in the hub's state
+    folder (a new hub starts with no cached submission of an old one)."""
+    return lambda spawner: str(USERS.joinpath(spawner.user.name, *parts))
 
 
 c.Spawner.environment = {
@@ -89,13 +90,12 @@ c.Spawner.environment = {
 
 
 def make_home(spawner) -> None:
-    """The user's hub home, theirs alone; the exchange and the grading root, for everyone."""
+    """The user's state folder, theirs alone; the exchange and the grading root, for everyone."""
     account = pwd.getpwnam(spawner.user.name)
-    home = HOMES / spawner.user.name
-    (home / ".local").mkdir(parents=True, exist_ok=True)
-    for path in (home, home / ".local"):
-        os.chown(path, account.pw_uid, account.pw_gid)
-    home.chmod(0o700)
+    folder = USERS / spawner.user.name
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chown(folder, account.pw_uid, account.pw_gid)
+    folder.chmod(0o700)
     for shared, mode in ((EXCHANGE, 0o777), (COURSE, 0o755)):  # nbgrader wants 777
         shared.mkdir(parents=True, exist_ok=True)
         shared.chmod(mode)
