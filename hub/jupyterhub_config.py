@@ -70,26 +70,28 @@ def role_config_path(spawner) -> str:
     return os.pathsep.join(str(path) for path in [*role, HERE / "common"])
 
 
-def in_home(*parts: str):
+def in_state(*parts: str):
     """An environment value: a folder of the user's Jupyter state, kept in the hub's state
     folder (a new hub starts with no cached submission of an old one)."""
     return lambda spawner: str(USERS.joinpath(spawner.user.name, *parts))
 
 
 c.Spawner.environment = {
+    # The course's interpreter first: `python -m autograder` in the instructor's terminal.
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     "JUPYTER_CONFIG_PATH": role_config_path,
-    "JUPYTER_DATA_DIR": in_home("jupyter"),  # nbgrader's cache of submissions is in there
-    "JUPYTER_RUNTIME_DIR": in_home("runtime"),
-    "JUPYTERLAB_WORKSPACES_DIR": in_home("workspaces"),
-    "JUPYTERLAB_SETTINGS_DIR": in_home("settings"),
-    "IPYTHONDIR": in_home("ipython"),
-    "MPLCONFIGDIR": in_home("matplotlib"),
+    "JUPYTER_DATA_DIR": in_state("jupyter"),  # nbgrader's cache of submissions is in there
+    "JUPYTER_RUNTIME_DIR": in_state("runtime"),
+    "JUPYTERLAB_WORKSPACES_DIR": in_state("workspaces"),
+    "JUPYTERLAB_SETTINGS_DIR": in_state("settings"),
+    "IPYTHONDIR": in_state("ipython"),
+    "MPLCONFIGDIR": in_state("matplotlib"),
     "GPULAB_EXCHANGE": str(EXCHANGE),
     "GPULAB_COURSE_DIR": lambda spawner: str(COURSE) if spawner.user.name in INSTRUCTORS else "",
 }
 
 
-def make_home(spawner) -> None:
+def make_user_state(spawner) -> None:
     """The user's state folder, theirs alone; the exchange and the grading root, for everyone."""
     account = pwd.getpwnam(spawner.user.name)
     folder = USERS / spawner.user.name
@@ -101,4 +103,4 @@ def make_home(spawner) -> None:
         shared.chmod(mode)
 
 
-c.Spawner.pre_spawn_hook = make_home
+c.Spawner.pre_spawn_hook = make_user_state
