@@ -236,6 +236,3 @@ def main(launch_dir: str, rank_text: str, go_fd: int | None = None,
     sys.stderr.flush()
     os._exit(0 if result[0] == "ok" else 1)  # skip interpreter teardown: nothing is left to do
 
-
-if __name__ == "__main__":
-    main(*sys.argv[1:3])
