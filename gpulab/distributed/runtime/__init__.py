@@ -22,6 +22,7 @@ bootstrap.py       every process of the runtime starts here: one command line, a
 worker.py          one rank of run_on_ranks (and StatusBoard: where a rank is, for its launcher)
 torchrun_entry.py  one rank under torchrun: runs the script and reports as worker.py does; and
                    torchrun's agent, started so that it dies with its launcher
+forking.py         the fork servers' core: the loop that forks and reports, a child's fresh start
 forkserver.py      run_on_ranks' warm server: imports torch once, forks each gloo rank
 nodeserver.py      a LocalCluster node's warm server: forks that node's agent and ranks
 node_client.py     what torchrun runs per rank when its node has a server: asks the server to

@@ -21,6 +21,9 @@ what it imported read the old one, but for the momentary variables (gpulab.env.
 MOMENTARY_VARIABLES), which the server does not inherit. GPULAB_FRESH_RANKS=1 turns the server
 off (gpulab.env.fresh_ranks).
 
+The loop that forks and reports, and a child's fresh start, are forking.py's, shared with a
+LocalCluster node's server (nodeserver.py).
+
 No orphans (see processes.py): the server and each child die with their parent
 (PR_SET_PDEATHSIG), the server exits when the launcher's end of its socket closes, and every
 child is in its own session, so `processes.stop` reaches it by its pid as it reaches a Popen's.
@@ -33,7 +36,6 @@ import importlib
 import json
 import os
 import queue
-import select
 import signal
 import socket
 import subprocess
@@ -43,7 +45,7 @@ import time
 from collections.abc import Mapping
 
 import gpulab
-from gpulab.distributed.runtime import bootstrap
+from gpulab.distributed.runtime import bootstrap, forking
 from gpulab.env import FRESH_RANKS_VARIABLE, MOMENTARY_VARIABLES, fresh_ranks
 
 # What a rank imports (gpulab decides the runner, as in each rank). torch._dynamo too: a rank's
@@ -51,7 +53,6 @@ from gpulab.env import FRESH_RANKS_VARIABLE, MOMENTARY_VARIABLES, fresh_ranks
 # about 2 s of CPU in every rank if the server has not.
 WARM = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor", "gpulab",
         "gpulab.distributed.runtime.by_value", "gpulab.distributed.runtime.worker")
-_MAX_MESSAGE = 1 << 20  # a request: the environment and the rank's arguments, as JSON
 START_TIMEOUT_S = 120.0  # for the server's imports, on a loaded 2-core machine
 
 
@@ -233,7 +234,7 @@ class ForkServer:
     def _read(self) -> None:
         while True:
             try:
-                data = self._socket.recv(_MAX_MESSAGE)
+                data = self._socket.recv(forking.MAX_MESSAGE)
             except OSError:
                 data = b""
             if not data:
@@ -251,8 +252,8 @@ class ForkServer:
 
 
 def serve(fd: int | str, launcher_pid: int | str) -> None:
-    """The server's loop: fork a rank per request, report each child's pid and exit code;
-    exit when the launcher's end closes. (Its bootstrap passes both numbers as text.)"""
+    """The server: dies with the launcher, imports WARM, then forks a rank per request until the
+    launcher's end closes. (Its bootstrap passes both numbers as text.)"""
     from gpulab.distributed.runtime.processes import die_with_parent
 
     die_with_parent(int(launcher_pid))
@@ -264,41 +265,22 @@ def serve(fd: int | str, launcher_pid: int | str) -> None:
 
 
 def serve_forks(sock: socket.socket, become) -> None:
-    """The protocol's server end, on `sock`: per request (JSON and 3 file descriptors), fork a
-    child that runs become(sock, request, fds) and never returns; answer {"id", "pid"}, then
-    {"exit": pid, "code"} when it ends. Exit when the launcher's end closes."""
-    children: set[int] = set()
-    while True:
-        ready, _, _ = select.select([sock], [], [], 0.05)
-        if ready:
-            try:
-                message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
-            except OSError:
-                message, fds = b"", []
-            if not message:
-                break
-            request = json.loads(message)
-            pid = os.fork()
-            if pid == 0:
-                become(sock, request, fds)  # never returns
-            for child_fd in fds:
-                os.close(child_fd)
-            children.add(pid)
-            _send(sock, {"id": request["id"], "pid": pid})
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            children.discard(pid)
-            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+    """The protocol's server end on `sock` (forking.fork_loop): per request (JSON and 3 file
+    descriptors) a child that runs become(sock, request, fds) and never returns; the answers
+    {"id", "pid"}, then {"exit": pid, "code"}. Exits when the launcher's end closes."""
+
+    def take():
+        request, fds = forking.receive(sock, 3)
+        if request is None:
+            raise forking.Stop
+        return request, fds, request["id"]
+
+    def report(request_id, pid, code):
+        forking.send_event(sock, {"id": request_id, "pid": pid} if code is None
+                           else {"exit": pid, "code": code})
+
+    forking.fork_loop(sock, take, lambda request, fds, _: become(sock, request, fds), report)
     os._exit(0)  # the launcher is gone; its ranks see their "go" pipe close and exit too
-
-
-def _send(sock: socket.socket, event: dict) -> None:
-    try:
-        sock.send(json.dumps(event).encode())
-    except OSError:  # the launcher is gone: the loop ends at the next read
-        pass
 
 
 def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
@@ -312,56 +294,8 @@ def _become_rank(sock: socket.socket, request: dict, fds: list[int]) -> None:
         for source, target in ((devnull, 0), (out_fd, 1), (err_fd, 2)):
             os.dup2(source, target)
             os.close(source)
-        take_environment(request["env"])
+        forking.take_environment(request["env"])
         sys.argv = ["-c", "rank", *request["argv"]]
         bootstrap.enter("rank", request["argv"], go_fd=go_fd, parent_pid=os.getppid())
 
-    live_as_child(rank)
-
-
-def live_as_child(life) -> None:
-    """In a forked child: run `life()`, then exit with its code (SystemExit's, 0, or 1 and the
-    traceback); a child never returns into its server's loop."""
-    code = 1
-    try:
-        life()
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported, then the child exits with 1
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001, S110 - exiting anyway
-                pass
-        os._exit(code)
-
-
-def take_environment(env: dict[str, str]) -> None:
-    """In a forked child: the signal handlers, environment and state (_fresh_state) of a fresh
-    interpreter started with `env`."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
-                      else signal.SIG_DFL)
-    os.environ.clear()
-    os.environ.update(env)
-    _fresh_state()
-
-
-def _fresh_state() -> None:
-    """What a fresh interpreter would have differently: its own random seeds, and the thread
-    count torch would have read from OMP_NUM_THREADS at import."""
-    import random
-
-    import torch
-
-    random.seed()
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
+    forking.live_as_child(rank)

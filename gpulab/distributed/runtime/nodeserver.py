@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -38,8 +36,8 @@ import sys
 import threading
 from pathlib import Path
 
-from gpulab.distributed.runtime import bootstrap, forkserver, processes
-from gpulab.distributed.runtime.forkserver import lasting, live_as_child, take_environment
+from gpulab.distributed.runtime import bootstrap, forking, forkserver, processes
+from gpulab.distributed.runtime.forkserver import lasting
 from gpulab.env import MOMENTARY_VARIABLES, fresh_ranks
 
 CLIENT = str(Path(__file__).with_name("node_client.py"))
@@ -47,7 +45,6 @@ CLIENT = str(Path(__file__).with_name("node_client.py"))
 # torchrun's agent.
 WARM = (*forkserver.WARM, "gpulab.distributed.runtime.torchrun_entry", "torch.distributed.fsdp",
         "torch.distributed.checkpoint", "torch.distributed.run")
-_MAX_MESSAGE = 1 << 20
 
 
 def available(runner: str) -> bool:
@@ -101,50 +98,28 @@ def serve(path: str, launcher_pid: int | str) -> None:
     for name in WARM:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    children: dict[int, socket.socket] = {}  # pid -> its client's connection
-    while True:
-        ready, _, _ = select.select([listener], [], [], 0.05)
-        if ready:
-            conn, _ = listener.accept()
-            _fork(listener, conn, children)
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                _send(conn, {"code": os.waitstatus_to_exitcode(status)})
-                conn.close()
 
+    def take():  # one node client per connection; it sends its request at once
+        conn, _ = listener.accept()
+        conn.settimeout(5.0)
+        request, fds = forking.receive(conn, 4)
+        if request is None:
+            conn.close()
+            return None
+        return request, fds, conn
 
-def _fork(listener, conn, children) -> None:
-    conn.settimeout(5.0)  # a client sends its request as soon as it connects
-    try:
-        message, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE, 4)
-    except OSError:
-        message, fds = b"", []
-    if not message or len(fds) != 4:
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        return
-    pid = os.fork()
-    if pid == 0:
-        _become(listener, conn, json.loads(message), fds)  # never returns
-    for fd in fds:
-        os.close(fd)
-    children[pid] = conn
-    _send(conn, {"pid": pid})
+    def report(conn, pid, code):  # {"pid"} once forked, {"code"} when it ended
+        forking.send_event(conn, {"pid": pid} if code is None else {"code": code})
+        if code is not None:
+            conn.close()
 
-
-def _send(conn: socket.socket, event: dict) -> None:
-    with contextlib.suppress(OSError):  # the client is gone: its rank dies by the pipe
-        conn.send(json.dumps(event).encode())
+    forking.fork_loop(listener, take, lambda request, fds, conn: _become(
+        listener, conn, request, fds), report)
 
 
 def _become(listener, conn, request: dict, fds: list[int]) -> None:
-    """In the child: the agent `python -m torch.distributed.run ARGV` or the rank `python -m
-    gpulab.distributed.runtime.torchrun_entry ARGV` would be."""
+    """In the child: what bootstrap.py's "agent" or "torchrun-rank" role would be, with the
+    client's streams, working folder and environment."""
 
     def life() -> None:
         server = os.getppid()
@@ -158,13 +133,13 @@ def _become(listener, conn, request: dict, fds: list[int]) -> None:
             os.close(source)
         threading.Thread(target=_die_when_closed, args=(alive,), daemon=True).start()
         os.chdir(request["cwd"])
-        take_environment(request["env"])
+        forking.take_environment(request["env"])
         if request.get("kind") == "agent":
             bootstrap.enter("agent", [str(server), *request["argv"]])
         else:
             bootstrap.enter("torchrun-rank", request["argv"])
 
-    live_as_child(life)
+    forking.live_as_child(life)
 
 
 def _die_when_closed(fd: int) -> None:
