@@ -17,9 +17,9 @@ feedback into the exchange, export. Each learner clicks Fetch Feedback and opens
 own score, no hidden test.
 
 Root only (the hub switches to each user's account), and skipped with the reason without
-configurable-http-proxy (`make hub-tools`, from npm), Chromium or chromedriver. About 5
-minutes on 2 cores shared with other work (load average 8), most of it three JupyterLabs
-starting (30 to 45 s each) and three gradings (13 s each).
+configurable-http-proxy (`make hub-tools`, from npm), Chromium or chromedriver. About 2.5
+minutes on 2 cores shared with other work (5 under a load average of 8), most of it three
+JupyterLabs starting (30 to 45 s each under that load) and three gradings (13 s each).
 """
 
 from __future__ import annotations
