@@ -108,7 +108,7 @@ lab-instructor: install
 # The class in a box (docs/instructors.md, "A class on one JupyterHub"): JupyterHub from PyPI
 # (the `course` extra), its proxy from npm into .hub-tools/ (nothing global), demo accounts of
 # hub/roster.py as system users, each user's JupyterLab started as that user. Root only: the
-# hub switches to each user's account. HUB_STATE: its exchange, grading root and homes.
+# hub switches to each user's account. HUB_STATE: its exchange, grading root, users' Jupyter state.
 HUB_STATE ?= $(CURDIR)/.hub
 HUB_PORT ?= 8000
 HUB_ARGS ?=
