@@ -34,6 +34,7 @@ class GradingCost:
     jobs: int
     wall_s: float
     cpu_s: float  # user + system, this process and every process it waited for
+    scores: tuple[tuple[float, float], ...] = ()  # (score, max score) of each submission
 
     @property
     def cpu_s_per_submission(self) -> float:
@@ -63,7 +64,8 @@ def measure(course: Course, lab: str, submissions: Path | None = None,
     if not results or failed:
         raise RuntimeError(f"grading {lab} to measure it: no grade for "
                            f"{', '.join(failed) or 'any submission (none found)'}")
-    return GradingCost(lab, len(results), jobs, wall_s, cpu_s)
+    return GradingCost(lab, len(results), jobs, wall_s, cpu_s,
+                       tuple((result.score, result.max_score) for result in results))
 
 
 def projected_wall_s(cost: GradingCost, submissions: int = 300, cores: int = 16) -> float:

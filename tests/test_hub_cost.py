@@ -33,6 +33,7 @@ def test_the_cpu_time_of_a_grading_counts_its_workers_and_kernels(tmp_path):
     cost = measure(course, LAB, tmp_path / "subs")
 
     assert (cost.lab, cost.submissions, cost.jobs) == (LAB, 1, 1)
+    assert cost.scores == ((5.0, 5.0),), cost  # the fixture's solution: full marks
     # A grading kernel alone imports gpulab, numpy and nbgrader's machinery: seconds of CPU,
     # which only an account of the child processes sees.
     assert cost.cpu_s_per_submission > 1.0, cost
