@@ -8,14 +8,13 @@ of many cores would need, projected from them.
 The CPU time is the grading run's own and every process it waited for (workers, their grading
 kernels and the ranks those started), from the kernel's accounting (getrusage), so it does not
 depend on how many other programs share the machine the way a wall time does. Except in the
-sandbox: bubblewrap's processes are not waited for by their parents, and a kernel taken down by a
-kill dies with its pid namespace, so a sandboxed kernel's CPU time reaches nobody's account.
+sandbox: bubblewrap's processes are not waited for by their parents, and a kernel taken down by
+a kill dies with its pid namespace, so a sandboxed kernel's CPU time reaches nobody's account.
 Measure trusted notebooks (a lab's solution) with the profile's `sandboxed=False`, which costs
-the same but for bubblewrap's start. A projection
-assumes what the cpu runner's profile sets up: one PyTorch thread per grading kernel and
-`--jobs` equal to the cores, so that the cores stay busy and each submission costs the same CPU
-time wherever it runs. It is a projection, not a measurement: memory bandwidth and the disk,
-shared by all the jobs, are left out.
+the same but for bubblewrap's start. A projection assumes what the cpu runner's profile sets up:
+one PyTorch thread per grading kernel and `--jobs` equal to the cores, so that the cores stay
+busy and each submission costs the same CPU time wherever it runs. It is a projection, not a
+measurement: memory bandwidth and the disk, shared by all the jobs, are left out.
 """
 
 from __future__ import annotations
