@@ -6,8 +6,8 @@ time of a class of 300 on a runner of 16 cores, projected from them (autograder/
             into a fresh grading root
     quick   the fixture lab (tests/fixtures), one submission, at --jobs 1 and 2: a smoke test
 
-    GPULAB_BENCH_LABS=lab2_amp_training,quiz   only those notebooks (the full run of all of
-                                               them is about half an hour of CPU)
+    GPULAB_BENCH_LABS=lab2_amp_training,quiz   only those notebooks (the full run grades
+                                               each solution four times: a long run)
 
     <lab>: CPU per submission              user + system seconds of the grading and every
                                            process it waited for (worker, grading kernel, the
