@@ -19,7 +19,7 @@ from autograder.answers import ANSWER_CALL, compute_answers, fill_in, uses_answe
 from gpulab.checks import PACKAGES
 from gpulab.checks.keys import all_answers, answer_key, main
 
-LABS_WITH_ANSWERS = ("lab1_cuda_kernels", "lab4_memory_and_profiling",
+LABS_WITH_ANSWERS = ("lab1_cuda_kernels", "lab3_ddp_from_scratch", "lab4_memory_and_profiling",
                      "lab5_parallelism_across_nodes", "quiz", "capstone_distributed_gpt")
 
 
