@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import io
 import json
 import os
 import pwd
@@ -60,7 +59,7 @@ from test_browser import browser as chromium  # noqa: E402, F401
 from hostile.cases import FIXTURE_HIDDEN, INTEGRITY  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
-from autograder.cli import main  # noqa: E402
+from test_hub_exchange import run  # noqa: E402  one instructor command, as the operator types it
 
 sys.path.insert(0, str(ROOT / "hub"))
 from roster import LEARNERS  # noqa: E402
@@ -154,13 +153,6 @@ def answers(url: str) -> bool:
         return False
 
 
-def run(*argv: str) -> str:
-    """One instructor command, as the hub's operator types it."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    assert code == 0, f"python -m autograder {' '.join(argv)} exited {code}:\n{out.getvalue()}"
-    return out.getvalue()
 
 
 def clear_fetched(hub: Hub) -> None:
