@@ -35,6 +35,7 @@ JUPYTER_ARGS ?=
 # Containers and cloud notebooks often run as root, which Jupyter refuses unless told.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 GPU_CHECK_ARGS ?=
 
@@ -153,6 +154,8 @@ hub: install grader-tools hub-tools hub-users
 	  -f $(CURDIR)/hub/jupyterhub_config.py $(HUB_ARGS)
 
 # Unit and end-to-end tests, and every lesson re-executed against its committed outputs.
+# Three workers on two cores: a good part of the suite waits (kernels and ranks starting, a
+# grader's timeouts, Chromium, pip), and a third worker keeps both cores busy meanwhile.
 # --dist loadfile: a file's tests on one worker, as nbval needs (a notebook's cells share a
 # kernel); each notebook's grading batch is a file of its own, and tests/conftest.py sends the
 # longest files first (--no-loadscope-reorder keeps that order).
@@ -160,7 +163,7 @@ hub: install grader-tools hub-tools hub-users
 # under 20 minutes on a 2-core machine).
 test: install grader-tools browser-tools hub-tools
 	@start=$$(date +%s); \
-	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests lessons \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests lessons \
 	  $(NBVAL) --nbval-sanitize-with lessons/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS); \
 	status=$$?; mkdir -p benchmarks/results; \
 	printf '{"seconds": %s, "exit": %s, "cores": %s, "commit": "%s", "args": "%s", "date": "%s"}\n' \

@@ -9,19 +9,21 @@ import gpulab
 collect_ignore_glob = ["fixtures/*"]
 
 # The test files that take minutes on a 2-core machine, longest first: they start first, so
-# that no long one starts last and runs alone while the other worker idles. Each grading module
+# that no long one starts last and runs alone while the other workers idle. Each grading module
 # grades one notebook's batch (tests/grading_checks.py); `make test` runs --dist loadfile with
 # --no-loadscope-reorder, so that a file's tests stay on one worker (nbval needs it too: a
 # notebook's cells share a kernel) and the files go out in this order, as a fresh clone's
-# `make test` measured them (seconds, both workers busy): 115, 107, 106 (`bench --quick`), 87,
-# 82, 76, 69, 65, 64, 59, 54, 51, 50.
-LONGEST_FIRST = ("tests/test_grading_lab3.py", "tests/test_grading_lab4.py",
-                 "tests/test_setup.py", "tests/test_grading_lab1.py",
-                 "tests/test_grading_capstone.py", "tests/test_distributed_cluster.py",
-                 "tests/test_autograder_robustness.py", "tests/test_grading_lab5.py",
-                 "tests/test_grading_quiz.py", "tests/test_autograder_parallel.py",
-                 "tests/test_checks_lab4.py", "tests/test_checks_lab3.py",
-                 "tests/test_distributed_launch.py")
+# `make test` measured them (seconds of wall, all workers busy): 315, 308 (`bench --quick`),
+# 286, 203, 186, 170, 123, 120, 119, 116, 111, 104, 101, 100, 74, 69, 68.
+LONGEST_FIRST = ("tests/test_grading_lab4.py", "tests/test_setup.py",
+                 "tests/test_grading_lab3.py", "tests/test_grading_capstone.py",
+                 "tests/test_autograder_parallel.py", "tests/test_grading_lab1.py",
+                 "tests/test_checks_capstone.py", "tests/test_autograder_robustness.py",
+                 "tests/test_distributed_cluster.py", "tests/test_hub.py",
+                 "tests/test_grading_quiz.py", "tests/test_grading_lab5.py",
+                 "tests/test_checks_lab4.py", "tests/test_colab.py",
+                 "tests/test_capstone_cluster.py", "tests/test_checks_lab3.py",
+                 "tests/test_grading_lab2.py")
 
 
 def pytest_collection_modifyitems(config, items):
