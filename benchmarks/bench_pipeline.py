@@ -147,7 +147,7 @@ def _run(quick: bool) -> list[Row]:
     from gpulab.slow_pipeline import pipeline_problem, slow_train
     from gpulab.timing import format_seconds
 
-    steps, repeats = (20, 3) if quick else (150, 5)
+    steps, repeats = (10, 1) if quick else (150, 5)
     problem = pipeline_problem(seed=0, steps=steps)
     want, _ = problem.run(slow_train)
     versions = {"fast": fast_train, "without syncs only": without_syncs,
