@@ -101,6 +101,14 @@ def wait_for(condition, timeout: float, what: str):
     raise AssertionError(f"after {timeout} s: {what}")
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """In the grader's process, before it starts: SIGINT's default action, as an instructor's
+    terminal gives it. A shell runs what it starts in the background (`make test &`, a CI
+    runner's job) with SIGINT ignored, and that is inherited: the grader would never see the
+    Ctrl-C these tests send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Grader:
     """`python -m autograder grade` in a subprocess, as an instructor runs it, watched from here."""
 
@@ -113,7 +121,8 @@ class Grader:
         command = [sys.executable, "-m", "autograder", "grade", LAB, str(subs),
                    "--root", str(root), "--course-dir", str(course_dir), *options]
         with open(self.log, "w") as log:
-            self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
+            self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log,
+                                            preexec_fn=ctrl_c_as_in_a_terminal)
         self.seen: dict[int, psutil.Process] = {}
 
     def watch(self) -> dict[int, psutil.Process]:
