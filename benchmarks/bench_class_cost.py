@@ -103,7 +103,7 @@ def _rows(lab: str, serial, parallel, runner: str) -> list[Row]:
 
     full = all(score == most for cost in (serial, parallel) for score, most in cost.scores)
     measured = f"{serial.submissions} measured submission" + "s" * (serial.submissions != 1)
-    note = (f"{measured} of the solution, {runner} runner; jobs 1: "
+    note = (f"{measured} of the solution, {runner} runner, CPU from {serial.accounting}; jobs 1: "
             f"{serial.cpu_s_per_submission:.1f} s, jobs 2: {parallel.cpu_s_per_submission:.1f} s"
             + ("" if full else "; THE SOLUTION LOST POINTS"))
     budgeted = runner == "cpu" and lab in BUDGETED
@@ -124,8 +124,8 @@ def run(quick: bool) -> list[Row]:
     from autograder.profiles import get_profile
 
     runner = gpulab.runner.name
-    # Unsandboxed: a sandboxed kernel's CPU time is lost to getrusage (autograder/cost.py), and
-    # the repository's own solutions are code to trust.
+    # Unsandboxed: where no cgroup counts it, a sandboxed kernel's CPU time is lost to getrusage
+    # (autograder/cost.py), and the repository's own solutions are code to trust.
     profile = dataclasses.replace(get_profile(runner), sandboxed=False)
     rows = []
     for lab in [FIXTURE] if quick else _labs():

@@ -2,12 +2,15 @@
 fixture lab, and the projection to a many-core runner. One grading, about 10 s on 2 cores."""
 
 import shutil
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from autograder.cost import GradingCost, measure, projected_wall_s
+from autograder.cost import CpuMeter, GradingCost, measure, projected_wall_s
 from autograder.course import Course
 from autograder.profiles import get_profile
 from autograder.release import release
@@ -41,3 +44,22 @@ def test_the_cpu_time_of_a_grading_counts_its_workers_and_kernels(tmp_path):
     # which only an account of the child processes sees.
     assert cost.cpu_s_per_submission > 1.0, cost
     assert cost.wall_s > 0, cost
+
+
+def test_the_cgroup_meter_counts_a_process_nobody_waits_for(tmp_path):
+    """An orphan (a rank a kill ended, a sandboxed kernel) never reaches getrusage; the cgroup
+    counts it."""
+    meter = CpuMeter()
+    if meter.accounting != "cgroup":
+        meter.stop()
+        pytest.skip("no cpuacct cgroup can be made here (not root, or no cgroup v1)")
+    done = tmp_path / "done"
+    busy = ("import pathlib, sys, time\nt = time.process_time()\n"
+            "while time.process_time() - t < 1: pass\npathlib.Path(sys.argv[1]).touch()")
+    orphan = f'{sys.executable} -c "$0" {done} &'  # bash exits at once: nobody waits for it
+    subprocess.run(["bash", "-c", orphan, busy], check=True)
+    deadline = time.monotonic() + 60
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists(), "the orphan did not finish"
+    assert meter.stop() >= 0.9
