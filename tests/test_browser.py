@@ -35,7 +35,10 @@ if CHROMIUM is None or CHROMEDRIVER is None:
                 "`make test` installs them when run as root)", allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install "
                                 "selenium; part of the `course` extra)")
-from selenium.common.exceptions import TimeoutException  # noqa: E402 (once selenium is known)
+from selenium.common.exceptions import (  # noqa: E402 (once selenium is known)
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -109,7 +112,9 @@ def wait_for(browser, condition: Callable, what: str):
     """condition(browser)'s first truthy value; after WAIT_S, a failure naming `what` and
     showing the status bar and every output on the page."""
     try:
-        return WebDriverWait(browser, WAIT_S).until(condition)
+        # A redraw may replace an element between finding it and reading it: read again.
+        return WebDriverWait(browser, WAIT_S, ignored_exceptions=(
+            StaleElementReferenceException,)).until(condition)
     except TimeoutException:
         pytest.fail(f"waited {WAIT_S} s for {what}. Status bar: {text_of(browser, STATUS_BAR)!r}"
                     f"\nOutputs:\n{text_of(browser, '.jp-OutputArea-output')}")
