@@ -38,6 +38,12 @@ def layout(tp: int, world_size: int | None) -> tuple[int, list[list[int]]]:
     return world_size, [[g + k * n_groups for k in range(tp)] for g in range(n_groups)]
 
 
+def case_label(tp: int, world_size: int, groups: list[list[int]]) -> str:
+    """How a failure names the launch: "tp_size=2", or "tp_size=2, 2 groups in 4 ranks"."""
+    return f"tp_size={tp}" + (f", {len(groups)} groups in {world_size} ranks"
+                              if len(groups) > 1 else "")
+
+
 def _crash(error, logs) -> str | None:
     if "incorrect number of gradients" in error.traceback:
         return ("An autograd Function's backward returns one gradient per argument of forward: "

@@ -27,6 +27,7 @@ from gpulab.checks.harness.owned import require_own_class
 from gpulab.checks.lab5 import ranks as lab5_ranks
 from gpulab.checks.lab5.shared import (
     RankView,
+    case_label,
     check_groups,
     close,
     err,
@@ -83,8 +84,7 @@ def check_sp_block(SPBlock, tp: int = 2, seed: int = 0, world_size: int | None =
     if CONFIG["n_head"] % tp or T % tp:
         raise ValueError(f"tp={tp} must divide the {CONFIG['n_head']} heads and the {T} tokens")
     data = _block_data(tp, groups, seed)
-    case = f"tp_size={tp}" + (f", {len(groups)} groups in {world_size} ranks"
-                              if len(groups) > 1 else "")
+    case = case_label(tp, world_size, groups)
     results = run(lab5_ranks.sp_block_rank, world_size, SPBlock, data, name="SPBlock", case=case)
     refuse_borrowed("SPBlock", results)
     refs = [_reference(data, g) for g in range(len(groups))]

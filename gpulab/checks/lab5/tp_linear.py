@@ -23,6 +23,7 @@ from gpulab.checks.harness.owned import require_own_class
 from gpulab.checks.lab5 import ranks as lab5_ranks
 from gpulab.checks.lab5.shared import (
     RankView,
+    case_label,
     check_counts,
     check_groups,
     close,
@@ -72,8 +73,7 @@ def check_tp_linear(CopyToTP, ReduceFromTP, ColumnParallelLinear, RowParallelLin
     require_own_class(RowParallelLinear, "RowParallelLinear")
     world_size, groups = layout(tp, world_size)
     data = _linear_data(tp, groups, seed)
-    case = f"tp_size={tp}" + (f", {len(groups)} groups in {world_size} ranks"
-                              if len(groups) > 1 else "")
+    case = case_label(tp, world_size, groups)
     classes = (CopyToTP, ReduceFromTP, ColumnParallelLinear, RowParallelLinear)
     results = run(lab5_ranks.tp_linear_rank, world_size, classes, data,
                    name="The tensor-parallel layers", case=case)

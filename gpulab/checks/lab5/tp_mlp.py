@@ -21,6 +21,7 @@ from gpulab.checks.harness.owned import require_own_class
 from gpulab.checks.lab5 import ranks as lab5_ranks
 from gpulab.checks.lab5.shared import (
     RankView,
+    case_label,
     check_counts,
     check_groups,
     close,
@@ -85,8 +86,7 @@ def check_tp_mlp(TPMLP, tp: int = 2, seed: int = 0, world_size: int | None = Non
     if 4 * N_EMBD % tp:
         raise ValueError(f"tp={tp} must divide the MLP's {4 * N_EMBD} hidden units")
     data = _mlp_data(tp, groups, seed)
-    case = f"tp_size={tp}" + (f", {len(groups)} groups in {world_size} ranks"
-                              if len(groups) > 1 else "")
+    case = case_label(tp, world_size, groups)
     results = run(lab5_ranks.tp_mlp_rank, world_size, TPMLP, data, name="TPMLP", case=case)
     refuse_borrowed("TPMLP", results)
     views = [RankView(r, groups) for r in range(world_size)]
