@@ -97,3 +97,51 @@ def predict_unsharded(config, plan):
 def shard_model_stub(model, mesh, plan):
     """Apply the plan; return the model."""
     raise NotImplementedError()
+
+
+# ----------------------------------------------------------------------------- the hang (Part 4)
+
+
+def diagnose_hang(report):
+    """The rank not waiting where the majority waits, and the majority's collective."""
+    import re
+    from collections import Counter
+
+    waiting = {int(rank): name for rank, name in
+               re.findall(r"^\s*rank (\d+): waiting in (\w+)", report, re.M)}
+    finished = re.search(r"^Finished: (.*)$", report, re.M)
+    done = [int(r) for r in re.findall(r"rank (\d+)", finished[1])] if finished else []
+    missing = Counter(waiting.values()).most_common(1)[0][0]
+    elsewhere = [r for r in sorted([*waiting, *done]) if waiting.get(r) != missing]
+    return elsewhere[0], missing
+
+
+def blame_first_rank(report):
+    """Blames the first rank the report lists, and its collective."""
+    import re
+
+    rank, name = re.search(r"rank (\d+): waiting in (\w+)", report).groups()
+    return int(rank), name
+
+
+def blame_longest_wait(report):
+    """Blames the rank that waited longest (a victim: it waits for the one that skipped)."""
+    import re
+
+    waits = re.findall(r"rank (\d+): waiting in (\w+) .* for ([\d.]+) s", report)
+    rank, name, _ = max(waits, key=lambda w: float(w[2]))
+    return int(rank), name
+
+
+def blame_where_the_skipper_waits(report):
+    """The right rank, but the collective it waits in, not the one it skipped."""
+    rank, _ = diagnose_hang(report)
+    import re
+
+    found = re.search(rf"rank {rank}: waiting in (\w+)", report)
+    return rank, found[1] if found else "nothing"
+
+
+def diagnose_hang_stub(report):
+    """(rank, collective)."""
+    raise NotImplementedError()

@@ -4,9 +4,16 @@ tests/test_grading_capstone.py; here each known mistake (tests/grading_specs.py:
 its checker on the cluster, the training checker a mistake of its own, and every checker its
 cheap refusals."""
 
+import dataclasses
+
 import pytest
 import torch
 from capstone_code import (
+    blame_first_rank,
+    blame_longest_wait,
+    blame_where_the_skipper_waits,
+    diagnose_hang,
+    diagnose_hang_stub,
     load_checkpoint,
     predict_memory,
     save_checkpoint,
@@ -17,8 +24,10 @@ from capstone_code import (
 from grading_specs import CAPSTONE as SPEC
 
 from gpulab.capstone import ParallelPlan
+from gpulab.capstone.hang import COLLECTIVES, HUB_USER, PlantedHang, hang_for, plant
 from gpulab.checks.capstone import (
     check_elastic_resume,
+    check_hang_diagnosis,
     check_memory_plan,
     check_prediction_follows_plan,
     check_sharded_training,
@@ -76,6 +85,56 @@ def test_tensor_parallelism_inside_a_node_passes(capsys):
     around lesson 06's DTensor plan, and still the one-process losses."""
     check_sharded_training(shard_model, ParallelPlan(dp_size=2, tp_size=2), steps=2)
     assert "tp_size=2" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the hang
+
+
+def test_each_learner_draws_a_hang_whose_first_listed_rank_is_never_the_cause():
+    hangs = {learner: hang_for(learner) for learner in (f"student{i}" for i in range(200))}
+    assert all(1 <= h.skipper < h.world_size for h in hangs.values())
+    assert {h.missing for h in hangs.values()} == set(COLLECTIVES)
+    assert len(set(hangs.values())) > 10
+    assert hang_for("ada") != hang_for("ada", draw="graded")
+
+
+def test_a_stub_diagnosis_is_refused_before_any_launch():
+    with pytest.raises(AssertionError, match="diagnose_hang would have raised NotImplementedErr"):
+        check_hang_diagnosis(diagnose_hang_stub)
+
+
+@pytest.fixture(scope="module")
+def planted_report():
+    """One real hang for the checker's messages: rank 2 of 4 skips the all_reduce and waits in
+    the barrier after it."""
+    hang = PlantedHang(world_size=4, skipper=2, missing="all_reduce")
+    return hang, plant(hang)
+
+
+@pytest.mark.dist
+def test_a_diagnosis_that_blames_a_waiting_rank_or_names_the_wrong_call_is_caught(
+        planted_report, monkeypatch):
+    hang, report = planted_report
+    assert "rank 2: waiting in barrier" in report and "rank 0: waiting in all_reduce" in report
+    monkeypatch.setattr("gpulab.checks.capstone.hang_diagnosis.plant", lambda planted: report)
+    planted = dataclasses.asdict(hang)
+    check_hang_diagnosis(diagnose_hang, planted)
+    for blames in (blame_first_rank, blame_longest_wait):  # both name rank 0 here
+        with pytest.raises(AssertionError, match="rank 0 is one of the ranks waiting in "
+                           "all_reduce: it made the call .* not the one to blame"):
+            check_hang_diagnosis(blames, planted)
+    with pytest.raises(AssertionError, match="(?s)barrier is where rank 2 waits: it walked past "
+                       "the call it skipped.*rank 3: waiting in all_reduce"):
+        check_hang_diagnosis(blame_where_the_skipper_waits, planted)
+    with pytest.raises(AssertionError, match=r"returned 'rank 2': return a \(rank, collective"):
+        check_hang_diagnosis(lambda text: "rank 2", planted)
+
+
+@pytest.mark.dist
+def test_the_learners_own_hang_is_planted_for_real_and_diagnosed(monkeypatch, capsys):
+    monkeypatch.setenv(HUB_USER, "ada")
+    check_hang_diagnosis(diagnose_hang)
+    assert f"a hang on {hang_for('ada').world_size} ranks" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- known mistakes

@@ -5,12 +5,14 @@ its parts and points, and its checkers. Every part runs the learner's FSDP2 code
     check_sharded_training(shard_model, PLAN)                 Part 1  FSDP2 equals one process
     check_memory_plan(predict_memory, shard_model, PLAN)      Part 2  predicted against measured
     check_elastic_resume(shard_model, save_checkpoint, ...)   Part 3  kill, restart, resume
-    written_answer                                            Part 4  graded by hand
+    check_hang_diagnosis(diagnose_hang)                       Part 5  a planted hang, named
+    written_answer                                            Part 6  graded by hand
 """
 
 import dataclasses
 
 from gpulab.checks.capstone.elastic_resume import check_elastic_resume
+from gpulab.checks.capstone.hang_diagnosis import check_hang_diagnosis
 from gpulab.checks.capstone.memory_plan import check_memory_plan, check_prediction_follows_plan
 from gpulab.checks.capstone.sharded_training import check_sharded_training
 from gpulab.checks.table import Answer, Assignment, Check, part
@@ -21,6 +23,7 @@ ASSIGNMENT = Assignment("capstone_distributed_gpt", (
                                  {"course_config": Answer("capstone.config")})),
     part("elastic_resume", 4, Check("check_elastic_resume", ("shard_model", "save_checkpoint",
                                                              "load_checkpoint", "PLAN"))),
+    part("hang_diagnosis", 2, Check("check_hang_diagnosis", ("diagnose_hang",))),
 ), manual=(("written_answer", 3),))
 
 
@@ -30,9 +33,16 @@ def _course_config() -> dict:
     return dataclasses.asdict(capstone_config(None, seed=0))
 
 
-# Expected answers the grader computes outside the learner's kernel (gpulab/checks/keys.py):
-# the model whose memory is measured and predicted is the course's, whatever the kernel holds.
-ANSWERS = {"config": _course_config}
+def _graded_hang(learner: str) -> dict:
+    from gpulab.capstone.hang import hang_for
 
-__all__ = ["ANSWERS", "ASSIGNMENT", "check_elastic_resume", "check_memory_plan",
-           "check_prediction_follows_plan", "check_sharded_training"]
+    return dataclasses.asdict(hang_for(learner, draw="graded"))
+
+
+# Expected answers the grader computes outside the learner's kernel (gpulab/checks/keys.py):
+# the model whose memory is measured and predicted is the course's, whatever the kernel holds;
+# the hang planted for the hidden test is the one drawn for the student who handed it in.
+ANSWERS = {"config": _course_config, "hang": _graded_hang}
+
+__all__ = ["ANSWERS", "ASSIGNMENT", "check_elastic_resume", "check_hang_diagnosis",
+           "check_memory_plan", "check_prediction_follows_plan", "check_sharded_training"]

@@ -1,7 +1,7 @@
 """The capstone's hints, one level per call of `gpulab.hint("capstone", part)`
 (gpulab/self_check/hints.py): 1 the idea, 2 the plan, 3 the shape of the code. The specs state the
 constraints (memory per rank, which mesh axis shards what, an exact resume); these lead to a
-design, one step at a time. The written answer (Part 4) is graded by hand and has none.
+design, one step at a time. The written answer (Part 5) is graded by hand and has none.
 Taught in: lessons/05_multi_gpu_strategies.ipynb, 06_model_pipeline_tensor_parallelism.ipynb,
 07_gpu_memory.ipynb
 """
@@ -77,6 +77,27 @@ HINTS: dict[str, tuple[str, str, str]] = {
         get_state_dict. To load, build that same two-entry dict from the live model and
         optimizer first (dcp.load fills it in place), then hand both halves to set_state_dict.
         Skip folders without a .metadata file, and read the step back from the newest name.
+        """,
+    ),
+    "hang_diagnosis": (
+        """
+        A collective returns only once every rank of the group has called it. So the ranks
+        that called it wait there together, and the one that skipped it is elsewhere: waiting
+        alone in the call that came after, or already finished. The majority points at the
+        missing call; the odd one out is the rank to blame.
+        """,
+        """
+        Read the report's lines about the ranks, not its stacks: each running rank has one
+        line saying which collective it waits in, and a line lists the ranks that finished.
+        Count the ranks per collective: the collective most of them wait in is the missing
+        one; the rank not among them is the one that skipped it.
+        """,
+        """
+        One regular expression over the lines gives {rank: collective} for the ranks that
+        wait, such as r"rank (\\d+): waiting in (\\w+)"; another pulls the rank numbers
+        out of the "Finished:" line. collections.Counter(...).most_common(1) names the
+        missing collective. Return (rank, collective) with the rank an int and the name as
+        the report spells it. About 10 lines.
         """,
     ),
 }
