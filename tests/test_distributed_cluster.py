@@ -23,11 +23,13 @@ import pytest
 import yaml
 
 from gpulab.distributed import (
+    REQUEUE_EXIT_CODE,
     TRAIN_SCRIPT,
     JobSpec,
     LaunchTimeout,
     LocalCluster,
     NetnsError,
+    Notice,
     pytorchjob,
     render_pytorchjob,
     render_sbatch,
@@ -187,6 +189,61 @@ def test_ranks_are_forked_from_a_server_per_node_kept_while_the_environment_is(
     with LocalCluster(nodes=1, procs_per_node=1, isolation="loopback", echo=False) as cluster:
         (fresh,) = parents(cluster.run(script, timeout_s=60), world_size=1).values()
     assert not fresh["forked"] and not fresh["fsdp_warm"]
+
+
+NOTICED = """
+import signal, sys, time
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo")
+ignore = sys.argv[1] == "ignore"
+got = []
+for name in ("SIGTERM", "SIGUSR1"):
+    signal.signal(getattr(signal, name), signal.SIG_IGN if ignore else lambda s, f: got.append(s))
+for step in range(400):  # 20 s at most: a notice must come
+    stop = torch.tensor([float(len(got))])
+    dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step boundary
+    if stop.item():
+        print(f"stopping at step {step}, signals here {len(got)}", flush=True)
+        sys.exit({REQUEUE_EXIT_CODE})
+    print(f"step {step}" + (" ready" if step >= 3 else ""), flush=True)
+    time.sleep(0.05)
+"""
+
+
+def _signals_seen(node) -> dict[int, int]:
+    """{rank: signals it got} from the ranks' "stopping" lines of one node."""
+    found = re.findall(r"\[rank (\d+)\] stopping at step \d+, signals here (\d+)", node.stdout)
+    return {int(rank): int(count) for rank, count in found}
+
+
+@pytest.mark.slow
+def test_a_notice_reaches_every_rank_of_one_node_then_its_grace_period_ends(
+        tmp_path, nothing_left_behind):
+    script = tmp_path / "noticed.py"
+    script.write_text(NOTICED.replace("{REQUEUE_EXIT_CODE}", str(REQUEUE_EXIT_CODE)))
+    with LocalCluster(nodes=2, procs_per_node=2, isolation="loopback", echo=False) as cluster:
+        # SIGUSR1, what SLURM's --signal sends: torchrun would die of it, the ranks get it
+        polite = cluster.run(script, args=["save"], timeout_s=60, notice=Notice(
+            target=1, on_output="ready", grace_s=20.0, signal=signal.SIGUSR1))
+        stubborn = cluster.run(script, args=["ignore"], timeout_s=60,
+                               notice=Notice(target=1, on_output="ready", grace_s=2.0))
+    report = polite.notice
+    assert report.where == "node 1" and report.signal_name == "SIGUSR1"
+    assert len(report.ranks) == 2 and report.exited_in_grace and report.took_s < 20.0
+    assert _signals_seen(polite.nodes[1]) == dict.fromkeys(report.ranks, 1), \
+        "both ranks of node 1 got the signal, once"
+    assert set(_signals_seen(polite.nodes[0]).values()) == {0}, "node 0 got none"
+    assert polite.exit_codes == dict.fromkeys(range(4), REQUEUE_EXIT_CODE)
+    assert report.requeue_requested and polite.requeue_requested
+    assert polite.failed_rank is None and polite.error.startswith("node 1 was given notice")
+
+    report = stubborn.notice
+    assert report.killed and 2.0 <= report.took_s < 15.0 and not stubborn.requeue_requested
+    assert report.exit_codes == dict.fromkeys(report.ranks, -signal.SIGKILL)
+    assert stubborn.failed_rank is None, "the other node's failure is the notice's doing"
+    assert stubborn.error.startswith("node 1 was given notice: SIGTERM")
+    assert "killed (SIGKILL)" in stubborn.error
 
 
 SLEEP = """

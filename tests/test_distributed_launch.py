@@ -26,8 +26,11 @@ import torch
 import torch.distributed as dist
 
 from gpulab.distributed import (
+    REQUEUE_EXIT_CODE,
     Launcher,
     LaunchTimeout,
+    Notice,
+    Preempted,
     ProcessGroupStartError,
     RankError,
     run_on_ranks,
@@ -477,3 +480,62 @@ def test_code_sent_by_value_keeps_its_file_name():
          cell.__dict__)
     g = by_value.loads(by_value.dumps(cell.f))
     assert g(1) == 2 and g.__code__.co_filename == "/tmp/ipykernel_0/cell.py"
+
+
+def _steps_until_noticed(rank, world_size, target: int, ignore: bool):
+    """Counts the SIGTERMs it gets and prints the count every step, with "ready" from step 3 on.
+    The target stops at the step boundary after a notice with the requeue code, or, `ignore`,
+    never; the other ranks return after 6 steps."""
+    got = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    for step in range(400 if rank == target else 6):  # 20 s at most: a notice must come
+        print(f"step {step} signals {len(got)}" + (" ready" if step >= 3 else " almost rea"),
+              flush=True)
+        if got and not ignore:
+            sys.exit(REQUEUE_EXIT_CODE)
+        time.sleep(0.05)
+    return len(got)
+
+
+def _steps_lines(text: str, rank: int) -> list[tuple[str, int]]:
+    """(ready or not, signals so far) per step line of `rank`."""
+    return [("ready" if line.endswith(" ready") else "not", int(line.split()[5]))
+            for line in text.splitlines() if line.startswith(f"[rank {rank}] step ")]
+
+
+def test_a_notice_reaches_one_rank_which_saves_and_asks_for_a_requeue(capsys, no_leftovers):
+    notice = Notice(target=1, on_output="ready", grace_s=20.0)
+    with pytest.raises(Preempted) as caught:
+        run_on_ranks(_steps_until_noticed, 2, 1, False, timeout_s=60, backend="gloo", notice=notice)
+    report = caught.value.report
+    assert report.where == "rank 1" and report.ranks == (1,) and report.signal_name == "SIGTERM"
+    assert report.exited_in_grace and not report.killed and report.took_s < 20.0
+    assert report.exit_codes == {1: REQUEUE_EXIT_CODE} and caught.value.requeue_requested
+    assert caught.value.values == {0: 0}, "rank 0 got no signal and returned"
+    message = str(caught.value)
+    assert message.startswith("rank 1 was given notice: SIGTERM")
+    assert "exited by itself within the grace period" in message and "requeue requested" in message
+    assert "rank 0 returned" in message
+    lines = _steps_lines(capsys.readouterr().out, 1)
+    assert all(count == 0 for ready, count in lines if ready == "not"), \
+        "a line that only resembles the trigger sent nothing"
+    assert lines[-1][1] == 1
+
+
+def test_a_rank_that_ignores_its_notice_is_killed_after_the_grace_period(capsys, no_leftovers):
+    notice = Notice(target=0, on_output="ready", grace_s=1.5)
+    with pytest.raises(Preempted) as caught:
+        run_on_ranks(_steps_until_noticed, 1, 0, True, timeout_s=60, backend="gloo", notice=notice)
+    report = caught.value.report
+    assert report.killed and not report.requeue_requested
+    assert report.exit_codes == {0: -signal.SIGKILL} and 1.5 <= report.took_s < 15.0
+    assert "did not exit within the grace period and was killed (SIGKILL)" in str(caught.value)
+    counts = [count for _, count in _steps_lines(capsys.readouterr().out, 0)]
+    assert max(counts) == 1, "the trigger came on many lines, the signal once"
+
+
+def test_a_notice_is_checked():
+    with pytest.raises(ValueError, match="notice.target must be a rank"):
+        run_on_ranks(_report, 2, 0, notice=Notice(target=2, on_output="x"))
+    with pytest.raises(ValueError, match="on_output"):
+        Notice(target=0, on_output="")

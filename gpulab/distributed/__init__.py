@@ -8,7 +8,8 @@ neither torch nor any of these modules.
 
 runtime/         how ranks start, run, report and stop: run_on_ranks / Launcher, torchrun_script,
                  LocalCluster and its ClusterResult, RankError, LaunchTimeout,
-                 ProcessGroupStartError, the fork servers (its own map is in runtime/__init__.py)
+                 ProcessGroupStartError, Notice (a preemption notice) and Preempted, the fork
+                 servers (its own map is in runtime/__init__.py)
 collectives.py   what each collective does (pictures), ring and tree all-reduce from send/recv
 allreduce.py     ring_all_reduce, tree_all_reduce: the reference all-reduces
 cost_model.py    the alpha-beta model, algbw/busbw as nccl-tests reports them, fitting

@@ -10,7 +10,9 @@ cluster.py         LocalCluster: N nodes x M processes on this machine, torchrun
 cluster_result.py  ClusterResult, NodeResult: what a cluster run left behind, and why it failed
 netns.py           a network namespace per node, joined by a virtual switch, where allowed
 node_script.py     script_of: a notebook's functions and classes written out as a script a node runs
-errors.py          LaunchError: RankError, LaunchTimeout, ProcessGroupStartError
+errors.py          LaunchError: RankError, LaunchTimeout, ProcessGroupStartError, Preempted
+notice.py          Notice: a preemption notice (signal, grace period, SIGKILL) for one node or
+                   rank, triggered by a line of output; NoticeReport; REQUEUE_EXIT_CODE
 
 The process helpers and the payload
 processes.py       children that die with their parent, output forwarded by rank, stack dumps,
@@ -42,8 +44,9 @@ MODULES = {  # module -> the public names it gives this face
                                                   "START_FAILURE"),
     "gpulab.distributed.runtime.netns": ("InterfaceBytes", "NetnsError"),
     "gpulab.distributed.runtime.node_script": ("SourceNotFound", "script_of"),
-    "gpulab.distributed.runtime.errors": ("LaunchError", "LaunchTimeout",
+    "gpulab.distributed.runtime.errors": ("LaunchError", "LaunchTimeout", "Preempted",
                                           "ProcessGroupStartError", "RankError"),
+    "gpulab.distributed.runtime.notice": ("Notice", "NoticeReport", "REQUEUE_EXIT_CODE"),
 }
 __getattr__, __dir__ = lazy_face(__name__, MODULES)
 __all__ = names_of(MODULES)

@@ -31,9 +31,11 @@ run() adds what torchrun_script adds (time limits that stop whole process trees,
 and rank, the failing rank's traceback) plus: a node whose agent gives up ends the run (with a
 fixed node count the others can only wait), and a start-up failure (a port taken between
 choosing and binding it, a rare gloo connection abort inside init_process_group) is retried once,
-logged to this module's logger, as run_on_ranks does. Leaving the `with` block always deletes
-the namespaces, also on an exception or Ctrl-C; entering it first deletes the namespaces that a
-killed run left behind.
+logged to this module's logger, as run_on_ranks does. run(notice=Notice(target=node, ...))
+gives one node a preemption notice mid-run: its ranks get the signal, and after the grace period
+whatever is left of the node is killed (notice.py); result.notice says what happened.
+Leaving the `with` block always deletes the namespaces, also on an exception or Ctrl-C;
+entering it first deletes the namespaces that a killed run left behind.
 Taught in: lessons/06_model_pipeline_tensor_parallelism.ipynb (multi-node launch)
 """
 
@@ -56,13 +58,24 @@ from gpulab.distributed.runtime.cluster_result import (
     ClusterResult,
     NodeResult,
     diagnose,
+    exit_codes,
+    node_ranks,
 )
 from gpulab.distributed.runtime.errors import ProcessGroupStartError, RankError
+from gpulab.distributed.runtime.notice import (
+    REQUEUE_EXIT_CODE,
+    NoticeClock,
+    running,
+    send,
+)
 from gpulab.distributed.runtime.torchrun import RunClock, starting_ranks, timeout_error
 from gpulab.distributed.runtime.worker import describe_status, read_status
 
 _log = logging.getLogger(__name__)
 _GIVE_UP_GRACE_S = 1.0  # after a node's agent fails: time for the others to report their own
+# After a noticed node's ranks are gone: time for its agent to pass on their last lines (torchrun
+# tails its workers' output) and exit; then it is stopped (it might restart them).
+_NOTICED_AGENT_LINGER_S = 2.0
 # With echo a filter (progress lines only), a run that shows nothing for this long says it is
 # still running: a restart of the group (new processes, imports, rendezvous) takes 10-20 s.
 HEARTBEAT_S = 10.0
@@ -146,56 +159,68 @@ class LocalCluster:
 
     def run(self, script, args: Sequence[str] = (), env: dict[str, str] | None = None, *,
             timeout_s: float | None = 120.0, max_restarts: int = 0,
-            check: bool = False) -> ClusterResult:
+            check: bool = False, notice=None) -> ClusterResult:
         """Run `script` (a path) on every node; return what happened. timeout_s counts from the
         moment every rank is past start-up (Python, imports and init_process_group have
         start_timeout_s); past it every process is stopped and LaunchTimeout says where each
         rank was. max_restarts is torchrun's: a failed worker group is restarted that many
-        times. check=True raises RankError when the run fails."""
+        times. check=True raises RankError when the run fails. notice: a Notice for one node
+        (its target is the node's index here): see notice.py; once the node is gone the other
+        nodes get the same grace period to finish before they are stopped."""
         if not self._open:
             raise RuntimeError("use the cluster inside `with LocalCluster(...) as cluster:`")
+        if notice is not None and not 0 <= notice.target < self.nodes:
+            raise ValueError(f"notice.target must be a node, 0..{self.nodes - 1}, got "
+                             f"{notice.target}")
         script = Path(script).resolve()
         if not script.is_file():
             raise FileNotFoundError(f"no script at {script}")
         for attempt in range(1, self.start_retries + 2):
             last = attempt > self.start_retries
             try:
-                result = self._attempt(script, args, env, timeout_s, max_restarts, attempt)
+                result = self._attempt(script, args, env, timeout_s, max_restarts, attempt,
+                                       notice)
             except ProcessGroupStartError as error:
                 if last:
                     raise
                 _log.info("%s -- retrying the launch once.", error)
                 continue
             # With max_restarts, torchrun's own restarts already cover start-up failures.
+            # (After a notice the error starts with the notice: never retried.)
             if result.ok or last or max_restarts or not result.error.startswith(START_FAILURE):
                 break
             # Logged, not printed: a launch that then succeeds shows what it always shows.
             _log.info("%s -- retrying the launch once.", result.error)
         if check and not result.ok:
-            raise RankError(f"rank {result.failed_rank} failed on the cluster (exit status "
+            who = f"rank {result.failed_rank}" if result.failed_rank is not None else "the run"
+            raise RankError(f"{who} failed on the cluster (exit status "
                             f"{result.returncode}):\n{result.error}", result.failed_rank or 0,
                             traceback=result.error)
         return result
 
-    def _attempt(self, script, args, env, timeout_s, max_restarts, attempt) -> ClusterResult:
+    def _attempt(self, script, args, env, timeout_s, max_restarts, attempt,
+                 notice=None) -> ClusterResult:
         report = Path(tempfile.mkdtemp(prefix="gpulab-cluster-"))
-        forwarder = processes.OutputForwarder(keep_lines=None, echo=self.echo)
+        clock = NoticeClock(notice) if notice is not None else None
+        forwarder = processes.OutputForwarder(keep_lines=None, echo=self.echo,
+                                              on_line=clock.saw if clock else None)
         agents: list[subprocess.Popen] = []
         env = self._env(env)
         try:
             servers = self._node_servers(env)
             for node_rank, command in enumerate(self._commands(script, args, report,
                                                                max_restarts, servers)):
-                agents.append(subprocess.Popen(
-                    command, env=env, stdin=subprocess.DEVNULL,
+                agents.append(subprocess.Popen(  # GPULAB_NODE: each rank says its node
+                    command, env=dict(env, GPULAB_NODE=str(node_rank)), stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
                 prefix = f"[node {node_rank}] "
                 forwarder.watch(agents[-1].stdout, prefix, False, key=f"{node_rank}:out")
                 forwarder.watch(agents[-1].stderr, prefix, True, key=f"{node_rank}:err")
             codes, failed_first, started = self._supervise(agents, report, forwarder,
-                                                           timeout_s)
+                                                           timeout_s, clock)
             forwarder.finish()
-            return self._result(codes, failed_first, started, report, forwarder, attempt)
+            return self._result(codes, failed_first, started, report, forwarder, attempt,
+                                clock)
         finally:
             processes.stop(agents)  # whole trees: agents, and workers in their own sessions
             forwarder.finish()
@@ -270,7 +295,7 @@ class LocalCluster:
         env.update(extra or {})
         return env
 
-    def _supervise(self, agents, report: Path, forwarder, timeout_s):
+    def _supervise(self, agents, report: Path, forwarder, timeout_s, notice=None):
         """Wait for the agents; return (exit codes, index of the first to fail, all started)."""
         # timeout_s counts only once every rank is past start-up (imports, init_process_group):
         # counted from the processes' start, a slow start-up could run it out before a rank
@@ -282,6 +307,8 @@ class LocalCluster:
         started = False  # every rank's process is up (a failure after this is not its launch)
         while True:
             forwarder.drain()
+            if notice is not None:
+                self._deliver(notice, report, agents)
             codes = [a.poll() for a in agents]
             if failed_first is None:
                 failed_first = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
@@ -297,7 +324,9 @@ class LocalCluster:
                 # With a fixed node count the other nodes can only wait for the one that gave
                 # up (torchrun waits minutes at its exit barrier): stop them shortly after.
                 gave_up_at = gave_up_at or now
-                if now - gave_up_at > _GIVE_UP_GRACE_S:
+                # After a notice, the other nodes get its grace period (to save, say).
+                grace = notice.notice.grace_s if notice is not None and notice.sent else 0.0
+                if now - gave_up_at > max(_GIVE_UP_GRACE_S, grace):
                     processes.stop([a for a in agents if a.poll() is None])
                     return [a.poll() for a in agents], failed_first, started
             elif limit and starting:  # (limits apply to a live run only)
@@ -309,7 +338,31 @@ class LocalCluster:
                 raise timeout_error(report, self.world_size, limit)
             time.sleep(0.02)
 
-    def _result(self, codes, failed_first, started, report, forwarder, attempt) -> ClusterResult:
+    def _deliver(self, clock: NoticeClock, report: Path, agents) -> None:
+        """Send the notice to the target node's ranks when it is due; once they are gone, or
+        SIGKILLed at the end of the grace period, the node's agent goes too (the machine is),
+        after a moment to pass on their output."""
+        notice = clock.notice
+        if clock.due():
+            clock.pids = node_ranks(report, notice.target)
+            for pid in clock.pids.values():
+                send(pid, notice.signal)
+        if not clock.sent:
+            return
+        if clock.ended_at is None:
+            if not any(running(pid) for pid in clock.pids.values()):
+                clock.end()
+            elif clock.expired():
+                for pid in clock.pids.values():
+                    send(pid, processes.KILL_SIGNAL)
+                clock.end(killed=True)
+            return
+        agent = agents[notice.target]
+        if agent.poll() is None and time.monotonic() - clock.ended_at > _NOTICED_AGENT_LINGER_S:
+            processes.stop([agent], grace_s=0.0)
+
+    def _result(self, codes, failed_first, started, report, forwarder, attempt,
+                clock=None) -> ClusterResult:
         nodes = tuple(NodeResult(i, address, codes[i], _strip(forwarder, f"{i}:out", i),
                                  _strip(forwarder, f"{i}:err", i))
                       for i, address in enumerate(self.addresses))
@@ -317,7 +370,29 @@ class LocalCluster:
         failed_rank, error = None, ""
         if returncode:
             failed_rank, error = diagnose(report, "\n".join(n.stderr for n in nodes), started)
-        return ClusterResult(returncode, nodes, failed_rank, error, attempt, self.isolation)
+        ranks_exited = exit_codes(report)
+        notice = None
+        if clock is not None and clock.sent:
+            killed = -processes.KILL_SIGNAL if clock.killed else None
+            notice = clock.report(f"node {clock.notice.target}",
+                                  {r: ranks_exited.get(r, killed) for r in clock.pids})
+            if returncode:  # the notice ended the run: say so first, blame no other rank
+                failed_rank, error = None, _after_notice(notice, ranks_exited, error,
+                                                         self.world_size)
+        return ClusterResult(returncode, nodes, failed_rank, error, attempt, self.isolation,
+                             ranks_exited, notice)
+
+
+def _after_notice(notice, ranks_exited: dict[int, int], error: str, world_size: int) -> str:
+    """The error of a run a notice ended: the notice first, then what each other rank did, and
+    the first error after it only where a rank failed with one."""
+    others = [r for r in range(world_size) if r not in notice.ranks]
+    said = [f"rank {r} exited with code {ranks_exited[r]}" if r in ranks_exited
+            else f"rank {r} was stopped" for r in others]
+    text = f"{notice}\nAfter the notice: {'; '.join(said) or 'no other rank'}."
+    if any(ranks_exited.get(r) not in (0, REQUEUE_EXIT_CODE) for r in others):
+        text += f"\nThe first error reported:\n{error}"
+    return text
 
 
 def _where(report: Path, rank: int) -> str:

@@ -5,15 +5,19 @@ tried again: see cluster.py).
     result.ok, result.returncode      every node's torchrun agent exited with 0 / the first failure
     result.nodes[i].stdout            node i's ranks' output, lines "[rank N] ..."
     result.failed_rank, result.error  the rank that failed first and its traceback
+    result.exit_codes                 {rank: the code it exited with}
+    result.notice                     what a preemption notice did (notice.py), None: none sent
+    result.requeue_requested          a rank exited with REQUEUE_EXIT_CODE: saved, start me again
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulab.distributed.runtime.notice import REQUEUE_EXIT_CODE, NoticeReport
 from gpulab.distributed.runtime.worker import StatusBoard
 
 
@@ -38,10 +42,18 @@ class ClusterResult:
     error: str  # that rank's traceback, or torchrun's account of it; "" on success
     attempts: int  # launches made: 2 when a start-up failure was retried
     isolation: str  # "netns" or "loopback"
+    # {rank: code} for each rank that left through Python (last attempt); killed ranks: none
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    notice: NoticeReport | None = None  # what the notice did; None when none was sent
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+    @property
+    def requeue_requested(self) -> bool:
+        """Some rank stopped with REQUEUE_EXIT_CODE: the job says "saved, start me again"."""
+        return REQUEUE_EXIT_CODE in self.exit_codes.values()
 
     @property
     def stdout(self) -> str:
@@ -51,6 +63,28 @@ class ClusterResult:
 
 
 START_FAILURE = "the cluster failed to start"  # prefix of a ClusterResult.error that is retried
+
+
+def node_ranks(report: Path, node_rank: int) -> dict[int, int]:
+    """{rank: pid} of the ranks running on LocalCluster's node `node_rank` (the rendezvous,
+    not LocalCluster, numbers the ranks: each rank wrote down its node when it started)."""
+    ranks = {}
+    for path in report.glob("rank*.node"):
+        rank = int(path.stem.removeprefix("rank"))
+        pid_file = report / f"rank{rank}.pid"
+        if path.read_text().strip() == str(node_rank) and pid_file.exists():
+            ranks[rank] = int(pid_file.read_text())
+    return ranks
+
+
+def exit_codes(report: Path) -> dict[int, int]:
+    """{rank: the code it exited with}, for the ranks that left through Python."""
+    codes = {}
+    for path in report.glob("rank*.exit"):
+        text = path.read_text().strip()
+        if text:
+            codes[int(path.stem.removeprefix("rank"))] = int(text)
+    return codes
 
 
 def diagnose(report: Path, stderr: str, started: bool) -> tuple[int | None, str]:

@@ -47,3 +47,25 @@ class ProcessGroupStartError(LaunchError):
     def __init__(self, message: str, rank: int | None, user_code_ran: bool):
         super().__init__(message)
         self.rank, self.user_code_ran = rank, user_code_ran
+
+
+class Preempted(LaunchError):
+    """A rank was given notice (run_on_ranks' `notice`, see notice.py) and did not return:
+    the launch ended because of the notice, whatever the other ranks did after it.
+
+    report             the NoticeReport: the signal, when, and whether the rank exited within
+                       the grace period or was killed
+    exit_codes         {rank: code} for the ranks that exited (sys.exit(code), or died: a
+                       negative code is the signal)
+    values             {rank: return value} for the ranks that returned
+    requeue_requested  the noticed rank stopped by itself with REQUEUE_EXIT_CODE
+    """
+
+    def __init__(self, message: str, report, exit_codes: dict[int, int | None],
+                 values: dict[int, object]):
+        super().__init__(message)
+        self.report, self.exit_codes, self.values = report, exit_codes, values
+
+    @property
+    def requeue_requested(self) -> bool:
+        return self.report.requeue_requested

@@ -22,6 +22,9 @@ What it does for you, and why:
 - an exception on a rank comes back as RankError with that rank's traceback, and the other
   ranks are stopped; a hang is cut by the time limit with LaunchTimeout, which says where each
   rank was waiting; a start-up failure of the process group is retried once;
+- notice=Notice(target=rank, on_output=...) gives one rank a preemption notice mid-run (its
+  signal, then SIGKILL after the grace period, see notice.py); a noticed rank that does not
+  return ends the launch with Preempted, which says what the notice did;
 - no process outlives the call, whatever happens (see processes.py).
 
 Taught in: lessons/04_distributed_fundamentals.ipynb
@@ -43,7 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.distributed.runtime import bootstrap, by_value, forkserver, processes
-from gpulab.distributed.runtime.errors import LaunchTimeout, ProcessGroupStartError, RankError
+from gpulab.distributed.runtime.errors import (
+    LaunchTimeout,
+    Preempted,
+    ProcessGroupStartError,
+    RankError,
+)
+from gpulab.distributed.runtime.notice import NoticeClock, send
 from gpulab.distributed.runtime.worker import PHASES, StatusBoard, describe
 
 _RUN = PHASES.index("run")
@@ -63,10 +72,14 @@ class Launcher:
     kill_grace_s: float = 1.0  # between SIGTERM and SIGKILL when ranks are stopped
     before_init: Any = None  # called as before_init(rank, world_size) before the group forms
     echo: bool = True  # print the ranks' output here, prefixed with "[rank N] "
+    notice: Any = None  # a Notice for one rank (notice.py), None: no rank is given notice
 
     def run(self, fn, *args, **kwargs) -> list:
         """fn(rank, world_size, *args, **kwargs) on every rank; the return values in rank order."""
         backend = self._backend()
+        if self.notice is not None and not 0 <= self.notice.target < self.world_size:
+            raise ValueError(f"notice.target must be a rank, 0..{self.world_size - 1}, got "
+                             f"{self.notice.target}")
         payload = by_value.dumps((fn, args, kwargs, self.before_init))
         for attempt in range(self.start_retries + 1):
             try:
@@ -101,7 +114,9 @@ class Launcher:
         go_read, go_write = os.pipe()  # not inherited, except by the ranks (pass_fds)
         procs: list[subprocess.Popen] = []
         boards: list[StatusBoard] = []
-        forwarder = processes.OutputForwarder(echo=self.echo, hold=True)  # until all run
+        clock = NoticeClock(self.notice) if self.notice is not None else None
+        forwarder = processes.OutputForwarder(echo=self.echo, hold=True,  # until all run
+                                              on_line=clock.saw if clock else None)
         try:
             boards += [StatusBoard(launch_dir / f"rank{r}.status", create=True)
                        for r in range(self.world_size)]
@@ -126,7 +141,7 @@ class Launcher:
             os.close(go_read)
             go_read = None
             try:
-                values = self._supervise(procs, boards, launch_dir, forwarder)
+                values = self._supervise(procs, boards, launch_dir, forwarder, clock)
             except ProcessGroupStartError:
                 raise  # may be retried: its output stays held (the message quotes it)
             except BaseException:
@@ -165,7 +180,7 @@ class Launcher:
                 env.setdefault("GLOO_SOCKET_IFNAME", loopback)
         return env
 
-    def _supervise(self, procs, boards, launch_dir: Path, forwarder) -> list:
+    def _supervise(self, procs, boards, launch_dir: Path, forwarder, clock=None) -> list:
         """Wait for every rank's result, a failure, or a time limit; return values in order."""
         results: dict[int, tuple] = {}
         start_deadline = time.monotonic() + self.start_timeout_s
@@ -180,7 +195,15 @@ class Launcher:
                     if r not in results and p.poll() is not None}
             failed = dead or any(res[0] == "error" for res in results.values())
             now = time.monotonic()
-            if failed:
+            if clock is not None:
+                self._deliver(clock, procs, results, dead)
+            if failed and clock is not None and clock.sent:
+                # After a notice the run ends with the noticed rank: the others get the same
+                # grace period after it ended, to finish what they were doing (a checkpoint).
+                over = clock.ended_at is not None and now - clock.ended_at > self.notice.grace_s
+                if over or len(results) + len(dead) == len(procs):
+                    raise self._preempted(clock, procs, results, dead, boards)
+            elif failed:
                 first_error = first_error or now
                 if now - first_error >= _ERROR_GRACE_S or len(results) + len(dead) == len(procs):
                     raise self._failure(results, dead, boards, forwarder)
@@ -230,6 +253,45 @@ class Launcher:
         return RankError(f"rank {rank} {how} before returning.\nIts last output:\n{output}{tail}",
                          rank, "", output)
 
+    def _deliver(self, clock: NoticeClock, procs, results, dead) -> None:
+        """Send the notice when it is due; SIGKILL the rank when its grace period is over."""
+        target = self.notice.target
+        if clock.due():
+            clock.pids = {target: procs[target].pid}
+            send(procs[target].pid, self.notice.signal)
+        if not clock.sent or clock.ended_at is not None:
+            return
+        if target in results or target in dead:
+            clock.end()
+        elif clock.expired():
+            send(procs[target].pid, processes.KILL_SIGNAL)
+            clock.end(killed=True)
+
+    def _preempted(self, clock: NoticeClock, procs, results, dead, boards) -> Preempted:
+        """The launch ended after a notice: what the notice did first, then each other rank."""
+        codes = {r: _exit_code(res) for r, res in results.items() if res[0] == "error"}
+        codes.update({r: procs[r].poll() for r in dead})
+        values = {r: res[1] for r, res in results.items() if res[0] == "ok"}
+        target = self.notice.target
+        report = clock.report(f"rank {target}",
+                              {target: codes.get(target, 0 if target in values else None)})
+        others = []
+        for r in range(len(procs)):
+            if r == target:
+                continue
+            if r in values:
+                others.append(f"rank {r} returned")
+            elif r in results and results[r][2] == "SystemExit":
+                others.append(f"rank {r} exited with code {codes[r]}")
+            elif r in results:
+                others.append(f"rank {r} raised {results[r][2]}: {results[r][3]}")
+            elif r in dead:
+                others.append(f"rank {r} {_exit_text(dead[r])}")
+            else:
+                others.append(f"rank {r} was stopped while {describe(boards[r])}")
+        tail = f"\nAfter the notice: {'; '.join(others)}." if others else ""
+        return Preempted(f"{report}{tail}", report, codes, values)
+
     def _timeout(self, procs, boards, launch_dir: Path) -> LaunchTimeout:
         running = {r: p.pid for r, p in enumerate(procs)
                    if p.poll() is None and _phase(boards[r]) < PHASES.index("done")}
@@ -260,7 +322,7 @@ class Launcher:
 
 
 def run_on_ranks(fn, world_size: int, *args, timeout_s: float | None = 120.0,
-                 backend: str | None = None, **kwargs) -> list:
+                 backend: str | None = None, notice=None, **kwargs) -> list:
     """Run fn(rank, world_size, *args, **kwargs) on `world_size` processes; return the values in
     rank order. timeout_s limits the function (start-up is not counted); None: no limit.
 
@@ -268,12 +330,28 @@ def run_on_ranks(fn, world_size: int, *args, timeout_s: float | None = 120.0,
     anything else it needs is imported on each rank with this process's sys.path and working
     folder. Arguments and return values must be picklable: return numbers or CPU tensors
     (`t.cpu()`), since a CUDA tensor would be rebuilt on this process's GPU. POSIX only (Linux,
-    macOS, Colab)."""
-    return Launcher(world_size, backend=backend, timeout_s=timeout_s).run(fn, *args, **kwargs)
+    macOS, Colab). notice: a Notice for one rank (see notice.py); a noticed rank that exits
+    instead of returning (sys.exit(REQUEUE_EXIT_CODE) after saving) ends the launch with
+    Preempted."""
+    return Launcher(world_size, backend=backend, timeout_s=timeout_s,
+                    notice=notice).run(fn, *args, **kwargs)
 
 
 def _phase(board: StatusBoard) -> int:
     return PHASES.index(board.get()[0]) if board.get()[0] in PHASES else 0
+
+
+def _exit_code(result: tuple) -> int:
+    """The code a rank's error result stands for: sys.exit(code)'s, else 1 (an exception)."""
+    if result[2] != "SystemExit":
+        return 1
+    code = getattr(result[5], "code", None) if result[5] is not None else result[3] or None
+    if code is None:
+        return 0
+    try:
+        return int(code)
+    except (TypeError, ValueError):
+        return 1  # sys.exit("message") exits with 1
 
 
 def _exit_text(code: int) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # asks a process to dump its Python stacks
+KILL_SIGNAL = getattr(signal, "SIGKILL", signal.SIGTERM)  # cannot be caught (SIGTERM on Windows)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -60,13 +61,16 @@ class OutputForwarder:
 
     With hold=True nothing is printed until `release()`: start-up chatter of an attempt that
     fails and is retried never reaches the notebook (its error message quotes what matters).
-    `echo` may be a filter, echo(line) -> bool: only those lines are printed (all are kept)."""
+    `echo` may be a filter, echo(line) -> bool: only those lines are printed (all are kept).
+    `on_line(key, line)`, when given, sees every line as it is drained, held or not (a
+    launcher's trigger: see notice.py)."""
 
-    def __init__(self, keep_lines: int | None = 40, echo=True, hold: bool = False):
+    def __init__(self, keep_lines: int | None = 40, echo=True, hold: bool = False,
+                 on_line=None):
         self._lines: queue.Queue = queue.Queue()
         self._threads: list[threading.Thread] = []
         self.kept: dict[str, deque] = {}
-        self._keep_lines, self._echo = keep_lines, echo
+        self._keep_lines, self._echo, self._on_line = keep_lines, echo, on_line
         self._held: list[tuple[bool, str]] | None = [] if hold else None
         self.last_printed = time.monotonic()  # when a line last reached the screen
 
@@ -101,6 +105,8 @@ class OutputForwarder:
             except queue.Empty:
                 return
             self.kept[key].append(f"{prefix}{line}")
+            if self._on_line is not None:
+                self._on_line(key, line)
             if self._held is not None:
                 self._held.append((to_stderr, f"{prefix}{line}"))
             else:

@@ -8,7 +8,10 @@ worker.py, in REPORT_DIR: "init" inside init_process_group, which the launchers 
 start-up), registers a stack dump on SIGUSR1, then runs script.py as `python script.py ARGS`
 would. An uncaught exception is written to REPORT_DIR/rank{N}.error
 (time, type, traceback) so the caller can name the rank that failed first, and printed without
-the "[rankN]:" prefix that torch's own hook would add.
+the "[rankN]:" prefix that torch's own hook would add. Its node (GPULAB_NODE, which
+LocalCluster sets per node) goes to REPORT_DIR/rank{N}.node and its exit code, when it leaves
+through Python (a return, sys.exit, an exception), to REPORT_DIR/rank{N}.exit: its agent's
+exit status alone does not say which code each rank chose (a requeue, see notice.py).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def main(report_dir: str, script: str, *args: str) -> None:
     report, rank = Path(report_dir), int(os.environ.get("RANK", "0"))
     board = StatusBoard(report / f"rank{rank}.status", create=True)
     (report / f"rank{rank}.pid").write_text(str(os.getpid()))
+    (report / f"rank{rank}.node").write_text(os.environ.get("GPULAB_NODE", ""))
     stack_file = open(report / f"rank{rank}.stack", "w")  # noqa: SIM115 - for faulthandler
     if STACK_SIGNAL is not None:
         faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
@@ -83,8 +87,9 @@ def main(report_dir: str, script: str, *args: str) -> None:
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python script.py` does
     try:
         runpy.run_path(script, run_name="__main__")
-    except SystemExit:
+    except SystemExit as done:
         board.set("done", "exited")
+        _write_exit(report, rank, _code_of(done))
         raise
     except BaseException as error:  # noqa: BLE001 - reported, then the rank exits with 1
         text = _user_traceback(error)
@@ -95,6 +100,19 @@ def main(report_dir: str, script: str, *args: str) -> None:
         sys.stderr.flush()
         # Raised while joining the group: still start-up to the launchers (a start failure).
         board.set("done", RAISED_STARTING if board.get()[0] == "init" else "raised")
+        _write_exit(report, rank, 1)
         raise SystemExit(1) from None
     board.set("done", "finished")
+    _write_exit(report, rank, 0)
+
+
+def _code_of(done: SystemExit) -> int:
+    """The status sys.exit(code) leaves with: None is 0, a message is 1."""
+    if done.code is None:
+        return 0
+    return done.code if isinstance(done.code, int) else 1
+
+
+def _write_exit(report: Path, rank: int, code: int) -> None:
+    (report / f"rank{rank}.exit").write_text(str(code))
 
