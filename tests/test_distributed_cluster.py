@@ -8,6 +8,7 @@ iproute2's `ip` and skip themselves elsewhere. Every test that starts a cluster 
 nothing is left behind: no process, no namespace, no link in the host's namespace.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
+import torch.distributed.run as torch_run
 import yaml
 
 from gpulab.distributed import (
@@ -480,6 +482,65 @@ def test_pytorchjob_parses_back_to_the_spec():
     single = yaml.safe_load(render_pytorchjob(JobSpec(name="s", nodes=1, procs_per_node=1,
                                                       script="t.py")))
     assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"], "no Worker of size 0"
+
+
+SPOT = dataclasses.replace(SPEC, grace_period_s=120, requeues=3)  # told 120 s ahead, 3 requeues
+
+
+def _run_sbatch(tmp_path, text: str, srun_status: int, restarts: int) -> tuple[int, str, list]:
+    """Run an sbatch script with stand-ins for srun (exits with `srun_status`) and scontrol;
+    return the script's status, what scontrol was asked besides the host names, srun's words."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fakes = {"scontrol": 'if [ "$1" = show ]; then printf "gpu-07\\ngpu-08\\n"; '
+                         'else echo "$@" >> "$SCONTROL_CALLS"; fi',
+             "srun": f'printf "%s\\n" "$@" > "$SRUN_ARGS"; exit {srun_status}'}
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    script, calls = tmp_path / "job.sbatch", tmp_path / "scontrol.calls"
+    script.write_text(text)
+    calls.write_text("")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+               SLURM_JOB_NODELIST="gpu-[07-08]", SLURM_RESTART_COUNT=str(restarts),
+               SRUN_ARGS=str(tmp_path / "srun.args"), SCONTROL_CALLS=str(calls))
+    done = subprocess.run(["bash", str(script)], env=env, timeout=30)
+    return done.returncode, calls.read_text(), (tmp_path / "srun.args").read_text().splitlines()
+
+
+def test_a_spot_job_is_told_before_it_is_stopped_and_queued_again(tmp_path):
+    text = render_sbatch(SPOT)
+    directives = [line.removeprefix("#SBATCH ") for line in text.splitlines()
+                  if line.startswith("#SBATCH")]
+    # USR1 120 s before the time limit to every process of the steps (not "B:", the shell)
+    assert "--signal=USR1@120" in directives and "--requeue" in directives
+    assert "--open-mode=append" in directives, "a requeued job keeps its earlier output"
+    # Stopped early: requeued while under the limit; done, or requeued 3 times: not again.
+    for srun_status, restarts, requeued in ((1, 0, True), (1, 2, True), (1, 3, False),
+                                            (0, 0, False)):
+        status, calls, words = _run_sbatch(tmp_path, text, srun_status, restarts)
+        assert status == srun_status, "the job ends with srun's status"
+        assert (calls == "requeue 4242\n") == requeued, (srun_status, restarts, calls)
+    # torchrun itself accepts the flags: it passes USR1 on and waits the grace period.
+    args = torch_run.get_args_parser().parse_args(words[1:])
+    assert args.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    assert args.shutdown_timeout == 120 and args.training_script == "/shared/train.py"
+    assert render_sbatch(dataclasses.replace(SPOT, notice_signal="TERM")).count("SIGTERM") == 1
+
+    job = yaml.safe_load(render_pytorchjob(SPOT))
+    assert job == pytorchjob(SPOT) and job["spec"]["runPolicy"] == {"backoffLimit": 3}
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        assert replica["restartPolicy"] == "OnFailure", "75 is retried (ExitCode: not < 128)"
+        pod = replica["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == 120
+        (container,) = pod["containers"]
+        assert "--shutdown-timeout=120" in container["command"]
+    plain = render_sbatch(SPEC) + render_pytorchjob(SPEC)
+    assert not any(word in plain for word in ("--signal", "--requeue", "runPolicy",
+                                              "terminationGracePeriodSeconds", "shutdown"))
+    for wrong in ({"grace_period_s": 0}, {"notice_signal": "SIGUSR1"}, {"requeues": -1}):
+        with pytest.raises(ValueError):
+            dataclasses.replace(SPOT, **wrong)
 
 
 def test_yaml_writer_round_trips_awkward_strings_and_specs_are_checked():

@@ -20,6 +20,20 @@ spec.nprocPerNode is a string in that API; elasticPolicy appears when min_nodes 
 (torchrun --nnodes min:max); shm_gb mounts a memory-backed /dev/shm (a pod's default is 64 MiB,
 too small for DataLoader workers). The YAML is written by hand (block style, strings
 JSON-quoted, which YAML reads as they are), so gpulab needs no YAML library.
+Preemption (see runtime/notice.py): grace_period_s is the warning a job gets before it is
+stopped, the time to save a checkpoint. SLURM sends notice_signal (USR1) that long before the
+time limit to every process of the job's steps (`--signal=USR1@S`, without "B:", which would
+signal only the batch shell: SLURM may send it up to 60 s earlier than asked); Kubernetes sends
+SIGTERM to the container and SIGKILL grace_period_s later (terminationGracePeriodSeconds, 30 s
+by default). torchrun is told both: --signals-to-handle adds the signal to the four it passes on
+to its workers (an unhandled SIGUSR1 would kill it), and --shutdown-timeout makes it wait as long
+before its own SIGKILL (30 s by default). requeues: a run that ended early (the notice's
+checkpoint is on disk) is queued again with the same job id, at most that many times, so that
+a real bug does not come back forever: SLURM's `--requeue` and a `scontrol requeue` after a
+failed srun (torchrun exits with 1 whatever code its workers chose, so the script cannot see
+REQUEUE_EXIT_CODE itself), and a PyTorchJob's runPolicy.backoffLimit with restartPolicy
+OnFailure (which restarts a pod on any code but 0; ExitCode would count 75 as permanent, since
+Kubeflow retries only codes of 128 and up).
 The same JobSpec is rendered for containers and Google Cloud (a Dockerfile, `docker run`, a
 Vertex AI CustomJob, GCE VMs in Terraform) by cloud_templates.py, which alone reads the last
 fields of JobSpec.
@@ -35,6 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 _K8S_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1035 label: Service names
+TORCHRUN_HANDLED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,9 @@ class JobSpec:
     rdzv_port: int = 29500  # the rendezvous port on the first node / the Master pod
     env: tuple[tuple[str, str], ...] = ()  # extra environment, as (name, value) pairs
     shm_gb: int | None = None  # /dev/shm per node, GiB (DataLoader workers); None: --ipc=host
+    grace_period_s: int | None = None  # notice before a stop, s; None: the platforms' defaults
+    notice_signal: str = "USR1"  # what SLURM sends grace_period_s before the time limit
+    requeues: int = 0  # times a run that ended early is queued again (0: never)
     # Read by cloud_templates.py alone:
     base_image: str | None = None  # the Dockerfile's FROM (a CUDA build of PyTorch); builds image
     machine_type: str | None = None  # GCE / Vertex AI machine type, e.g. "a3-highgpu-8g"
@@ -79,6 +97,15 @@ class JobSpec:
             raise ValueError(f"time_limit must look like HH:MM:SS, got {self.time_limit!r}")
         if self.shm_gb is not None and self.shm_gb < 1:
             raise ValueError(f"shm_gb is in GiB and at least 1, got {self.shm_gb}")
+        if self.grace_period_s is not None and not 0 < self.grace_period_s <= 65535:
+            raise ValueError("grace_period_s is in seconds, 1 to 65535 (SLURM's limit), got "
+                             f"{self.grace_period_s}")
+        if not re.fullmatch(r"[A-Z][A-Z0-9]*", self.notice_signal) or \
+                self.notice_signal.startswith("SIG"):
+            raise ValueError(f"notice_signal is a signal's name without SIG, as SLURM writes it "
+                             f"(\"USR1\"), got {self.notice_signal!r}")
+        if self.requeues < 0:
+            raise ValueError(f"requeues must be at least 0, got {self.requeues}")
 
     @property
     def nnodes(self) -> str:
@@ -102,7 +129,19 @@ class JobSpec:
         where = [f"--rdzv-endpoint={endpoint}"] if endpoint is not None else []
         return ["torchrun", f"--nnodes={self.nnodes}", f"--nproc-per-node={self.procs_per_node}",
                 "--rdzv-backend=c10d", *where, f"--rdzv-id={rdzv_id}",
-                f"--max-restarts={self.max_restarts}", self.script, *self.args]
+                f"--max-restarts={self.max_restarts}", *self.notice_flags(), self.script,
+                *self.args]
+
+    def notice_flags(self) -> list[str]:
+        """torchrun's flags for a notice: pass notice_signal on to the workers as well as the
+        four it passes by default, and wait grace_period_s for them before its SIGKILL."""
+        if self.grace_period_s is None:
+            return []
+        handled = [*TORCHRUN_HANDLED_SIGNALS]
+        if f"SIG{self.notice_signal}" not in handled:
+            handled.append(f"SIG{self.notice_signal}")
+        return [f"--signals-to-handle={','.join(handled)}",
+                f"--shutdown-timeout={self.grace_period_s}"]
 
     def torchrun_shell_words(self, endpoint: str, rdzv_id: str) -> list[str]:
         """torchrun_command for a shell script: every word quoted by shlex, except the endpoint
@@ -128,6 +167,10 @@ def render_sbatch(spec: JobSpec) -> str:
         directives.append(f"--mem={spec.memory_gb}G")
     if spec.partition:
         directives.append(f"--partition={spec.partition}")
+    if spec.grace_period_s is not None:  # every process of the steps: the ranks, torchrun
+        directives.append(f"--signal={spec.notice_signal}@{spec.grace_period_s}")
+    if spec.requeues:  # a requeued job appends to its output file instead of emptying it
+        directives += ["--requeue", "--open-mode=append"]
     # The shell on the batch host expands the endpoint and the id.
     words = spec.torchrun_shell_words(f"${{head_node}}:{spec.rdzv_port}", "${SLURM_JOB_ID}")
     program = len(words) - 1 - len(spec.args)  # one line per torchrun flag, then the script
@@ -136,8 +179,15 @@ def render_sbatch(spec: JobSpec) -> str:
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.environment()]
     lines += ["", "# The allocation's first node hosts the c10d rendezvous.",
               'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk \'NR == 1\')',
-              "", f"srun {command}", ""]
-    return "\n".join(lines)
+              ""]
+    if not spec.requeues:
+        return "\n".join([*lines, f"srun {command}", ""])
+    return "\n".join([*lines, "status=0", f"srun {command} || status=$?", "",
+                      "# Ended early (after a notice, its checkpoint saved): queue the job again,",
+                      f"# which starts this script from the top, at most {spec.requeues} times.",
+                      'if [ "$status" -ne 0 ] && '
+                      f'[ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.requeues} ]; then',
+                      '    scontrol requeue "$SLURM_JOB_ID"', "fi", 'exit "$status"', ""])
 
 
 def pytorchjob(spec: JobSpec) -> dict:
@@ -158,6 +208,8 @@ def pytorchjob(spec: JobSpec) -> dict:
     if limits:
         container["resources"] = {"limits": limits}
     pod: dict[str, object] = {"containers": [container]}
+    if spec.grace_period_s is not None:  # SIGTERM, then SIGKILL this long after
+        pod["terminationGracePeriodSeconds"] = spec.grace_period_s
     if spec.shm_gb:  # a memory-backed volume over /dev/shm, which is 64 MiB in a pod
         container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
         pod["volumes"] = [{"name": "dshm",
@@ -173,6 +225,8 @@ def pytorchjob(spec: JobSpec) -> dict:
     if spec.min_nodes:
         job_spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": spec.min_nodes,
                                      "maxReplicas": spec.nodes, "maxRestarts": spec.max_restarts}
+    if spec.requeues:  # OnFailure restarts a pod on any code but 0, this many times
+        job_spec["runPolicy"] = {"backoffLimit": spec.requeues}
     job_spec["pytorchReplicaSpecs"] = replica_specs
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"name": spec.name}, "spec": job_spec}
