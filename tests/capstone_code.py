@@ -5,13 +5,17 @@ Each wrong version is a mistake a learner makes; its docstring says which.
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from gpulab.distributed import REQUEUE_EXIT_CODE
 from gpulab.distributed.tp_dtensor import block_tp_plan
 from gpulab.memory import checkpoint_blocks, estimate_transformer, model_states
 
@@ -74,6 +78,29 @@ def predict_memory(config, plan):
     grads = states.grad_bytes + 4 * block if plan.grad_accum_steps > 1 else 0
     return (states.param_bytes + states.optimizer_state_bytes + grads
             + step.peak.activations + step.peak.temporary + gathered)
+
+
+def install_notice_handler():
+    """SIGTERM's handler only notes the notice: a save from inside it could interleave its
+    collectives with the one the step has in flight."""
+    global notice_came
+    notice_came = False
+
+    def on_notice(signum, frame):
+        global notice_came
+        notice_came = True
+
+    signal.signal(signal.SIGTERM, on_notice)
+
+
+def handle_notice(folder, model, optimizer, step):
+    """At a step boundary: one node was told, so the ranks agree first (a MAX all-reduce of
+    the flag); then every rank saves the steps done and the job asks to be requeued."""
+    told = torch.tensor([1.0 if notice_came else 0.0])
+    dist.all_reduce(told, op=dist.ReduceOp.MAX)
+    if told.item():
+        save_checkpoint(folder, model, optimizer, step)
+        raise SystemExit(REQUEUE_EXIT_CODE)
 
 
 # ----------------------------------------------------------------------------- known-wrong

@@ -633,10 +633,50 @@ CAPSTONE = Spec(
                 '                   optim_state_dict=optim_state)',
                 "test_elastic_resume",
                 r"replayed after the resume, gave loss .*save and load the optimizer's state"),
+        # Part 4: each of these stops at the first run, the notice's; one launch each.
+        Mistake("saves_in_the_handler", "handle_notice",
+                "    told = torch.tensor([1.0 if notice_came else 0.0])\n"
+                "    dist.all_reduce(told, op=dist.ReduceOp.MAX)  # one node was told: every "
+                "rank must save\n"
+                "    if told.item():\n"
+                "        save_checkpoint(folder, model, optimizer, step)\n"
+                "        raise SystemExit(REQUEUE_EXIT_CODE)",
+                "    # saves the moment the notice comes, this boundary's state, from the handler\n"
+                "    signal.signal(signal.SIGTERM, lambda signum, frame: (\n"
+                "        save_checkpoint(folder, model, optimizer, step),\n"
+                "        sys.exit(REQUEUE_EXIT_CODE)))",
+                "test_preemption",
+                r"save_checkpoint was called inside the SIGTERM handler .*Let the handler only "
+                r"note the notice"),
+        Mistake("ignores_the_notice", "install_notice_handler",
+                "    signal.signal(signal.SIGTERM, on_notice)",
+                "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nothing stops this run",
+                "test_preemption",
+                r"node 1 went on training after the notice: .* killed \(SIGKILL\), the grace "
+                r"period being 10 s\. \d+ steps? lost: the first run had completed steps 0 to "),
+        Mistake("no_emergency_checkpoint", "handle_notice",
+                "        save_checkpoint(folder, model, optimizer, step)\n", "",
+                "test_preemption",
+                r"[12] steps? lost: the first run had completed steps 0 to [56], and the newest "
+                r"complete checkpoint is step 4's, the periodic one"),
+        Mistake("save_outlives_the_grace", "save_checkpoint", "    dcp.save(",
+                "    import time\n\n"
+                "    time.sleep(12)  # a large model to a slow disk: longer than the grace\n"
+                "    dcp.save(",
+                "test_preemption",
+                r"node 1 was killed mid-save: SIGKILL came [\d.]+ s after the notice \(the "
+                r"grace period is 10 s\) .*your completed saves took up to 1\d\.\d s"),
+        # Part 5: two planted hangs, a few seconds.
+        Mistake("blames_the_first_rank", "diagnose_hang", "    return elsewhere[0], missing",
+                "    return min(waiting), waiting[min(waiting)]  # the first rank listed",
+                "test_hang_diagnosis",
+                r"rank 0 is one of the ranks waiting in \w+: it made the call and waits for "
+                r"the rank that never did"),
     ),
-    # None graded end to end: every capstone notebook runs five 2 x 2 cluster launches, about
-    # four minutes of CPU graded beside the solution, where each mistake's checker alone starts
-    # one (tests/test_checks_capstone.py). The labs' batches show what a mistake costs there.
+    # None graded end to end: every capstone notebook runs seven 2 x 2 cluster launches and two
+    # planted hangs, minutes of CPU graded beside the solution, where each mistake's checker
+    # alone starts one or two (tests/test_checks_capstone.py). The labs' batches show what a
+    # mistake costs there.
     end_to_end=(),
     together=None,
     hidden_at_least=2,

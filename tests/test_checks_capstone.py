@@ -152,3 +152,59 @@ def test_a_known_mistake_fails_its_test_cell_with_its_message(mistake):
         SPEC.expect_checker_teaches(mistake)
     finally:
         torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- the notice, judged
+# The four mistakes of tests/grading_specs.py meet check_preemption on the cluster above; what
+# the first and the requeued run can show besides is judged here from their records, no launch.
+
+
+def _run(losses=range(6), notice=None, exit_codes=None, ranks=(), ok=False):
+    from gpulab.capstone import CapstoneRun
+
+    return CapstoneRun(ok, "", None, tuple(ranks), "loopback", "", "",
+                       tuple((0, step, 5.0) for step in losses), notice, exit_codes or {})
+
+
+def _notice(codes, exited_in_grace=True):
+    from gpulab.distributed import NoticeReport
+
+    return NoticeReport("node 1", "SIGTERM", 10.0, 20.0, (2, 3), codes, exited_in_grace, 1.5)
+
+
+def _saves(step, digest=None, ended=2.0):
+    digest = digest or {"model": "m", "optimizer": "o"}
+    return [{"rank": r, "step": step, "began": 1.0, "ended": ended, "in_handler": False,
+             "digest": digest} for r in range(4)]
+
+
+def test_a_first_run_that_exits_without_the_requeue_code_is_told_the_code():
+    from gpulab.checks.capstone.preemption import judge_notice
+
+    saves = _saves(4) + _saves(6)
+    assert judge_notice(_run(notice=_notice({2: 75, 3: 75})), saves, 1, 10.0) == 6
+    with pytest.raises(AssertionError, match=r"exit code 0, not REQUEUE_EXIT_CODE \(75\)"):
+        judge_notice(_run(notice=_notice({2: 0, 3: 0})), saves, 1, 10.0)
+    with pytest.raises(AssertionError, match="the run ended before the notice could be sent"):
+        judge_notice(_run(ok=True), saves, 1, 10.0)
+
+
+def test_a_requeued_run_that_resumes_early_or_loads_another_state_is_caught():
+    from gpulab.checks.capstone.preemption import judge_resume
+
+    saved = _saves(6)
+    rank = {"rank": 0, "resumed_digest": {"model": "m", "optimizer": "o"}}
+    reference = [5.0] * 8
+    judge_resume(_run(ranks=[{**rank, "start_step": 6, "losses": [(5.0).hex()] * 2}], ok=True),
+                 saved, 6, reference)
+    with pytest.raises(AssertionError, match="resumed at step 4, but the first one had completed "
+                       "6 steps and saved them at the notice: 2 steps lost"):
+        judge_resume(_run(ranks=[{**rank, "start_step": 4, "losses": []}], ok=True), saved, 6,
+                     reference)
+    moments_lost = {**rank, "start_step": 6, "resumed_digest": {"model": "m", "optimizer": "x"}}
+    with pytest.raises(AssertionError, match=r"rank 0: the AdamW state \(moments, step\) the "
+                       "requeued run loaded differ"):
+        judge_resume(_run(ranks=[moments_lost], ok=True), saved, 6, reference)
+    drifted = {**rank, "start_step": 6, "losses": [(5.5).hex()] * 2}
+    with pytest.raises(AssertionError, match="step 6 after the requeue: loss 5.5000"):
+        judge_resume(_run(ranks=[drifted], ok=True), saved, 6, reference)

@@ -7,6 +7,7 @@ loop (train.py) on every rank of a LocalCluster (2 nodes x 2 processes by defaul
     run.start_step        # where the last attempt began: > 0 after a resume from a checkpoint
     run.peak_bytes        # each rank's measured peak during measure_step
     run.profile(rank=0)   # where profile_step's time went on that rank
+    run.notice            # with notice=Notice(...): what the notice did (NoticeReport)
 
 A multi-node job runs a file on every node: gpulab.distributed.runtime.node_script.script_of copies
 the functions' sources (and what they use from the notebook) into it, and its end calls
@@ -60,6 +61,8 @@ class CapstoneRun:
     stdout: str  # every node's output
     script: str  # what every rank ran
     loss_log: tuple[tuple[int, int, float], ...] = ()  # (attempt, step, loss), every attempt
+    notice: object = None  # the NoticeReport of notice=Notice(...); None when none was sent
+    exit_codes: dict = dataclasses.field(default_factory=dict)  # {rank: its exit code}
 
     def attempt_losses(self, attempt: int) -> dict[int, float]:
         """{step: loss} of the steps that torchrun's attempt `attempt` ran (0: the first)."""
@@ -108,7 +111,8 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
                  kill_rank: int | None = None, measure_step: int | None = 1,
                  profile_step: int | None = None, max_restarts: int = 0,
                  isolation: str = "auto", timeout_s: float = 120.0, echo: bool = False,
-                 progress: bool = True, check: bool = False) -> CapstoneRun:
+                 progress: bool = True, check: bool = False, install_notice_handler=None,
+                 handle_notice=None, notice=None, record_dir=None) -> CapstoneRun:
     """Train config's GPT with `plan` on a nodes x procs_per_node LocalCluster: shard_model(model,
     mesh, plan) on every rank, then `steps` optimizer steps (default config.steps); with
     checkpoint_dir, load_checkpoint(folder, model, optimizer) first and
@@ -116,13 +120,19 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
     kill_at_step: a rank (kill_rank, default the last) SIGKILLs itself there on the first
     attempt; give max_restarts=1 so that torchrun restarts the group. check=True raises
     RuntimeError when the run fails. echo=True prints everything the nodes print; else
-    progress=True prints rank 0's loss at each step, the kill and the resume, as they happen."""
+    progress=True prints rank 0's loss at each step, the kill and the resume, as they happen.
+    Part 4: install_notice_handler() runs on every rank before the first step and
+    handle_notice(folder, model, optimizer, steps_done) after every step; notice, a
+    gpulab.distributed.Notice whose target is a node, is sent when a line of the run's output
+    contains its on_output ("step 4: loss"); record_dir keeps a record of every save and the
+    digest of the state a resume loaded (gpulab.capstone.preemption)."""
     plan.check(nodes * procs_per_node, procs_per_node, config)
     if kill_at_step is not None and (checkpoint_dir is None or max_restarts < 1):
         raise ValueError("kill_at_step needs checkpoint_dir (to resume from) and "
                          "max_restarts >= 1 (for torchrun to restart the group)")
     graded = {"shard_model": shard_model, "save_checkpoint": save_checkpoint,
-              "load_checkpoint": load_checkpoint}
+              "load_checkpoint": load_checkpoint,
+              "install_notice_handler": install_notice_handler, "handle_notice": handle_notice}
     graded = {role: fn for role, fn in graded.items() if fn is not None}
     stubs = [role for role, fn in graded.items() if is_stub_function(fn)]
     if stubs:
@@ -134,7 +144,8 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
             "steps": config.steps if steps is None else steps,
             "checkpoint_dir": str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
             "kill_at_step": kill_at_step, "measure_step": measure_step,
-            "profile_step": profile_step}
+            "profile_step": profile_step,
+            "record_dir": str(Path(record_dir).resolve()) if record_dir else None}
     if kill_rank is not None:
         spec["kill_rank"] = kill_rank
     work = Path(tempfile.mkdtemp(prefix="gpulab-capstone-"))
@@ -144,7 +155,7 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
         shown = True if echo else (_is_progress if progress else False)
         with LocalCluster(nodes, procs_per_node, isolation, echo=shown) as cluster:
             result = cluster.run(work / SCRIPT_NAME, [str(work)], timeout_s=timeout_s,
-                                 max_restarts=max_restarts)
+                                 max_restarts=max_restarts, notice=notice)
         ranks = []
         if result.ok:
             ranks = [json.loads((work / f"rank{r}.json").read_text())
@@ -157,7 +168,7 @@ def run_capstone(shard_model, save_checkpoint=None, load_checkpoint=None, *, pla
         shutil.rmtree(work, ignore_errors=True)
     error = result.error.replace(f"{work}/", "")
     run = CapstoneRun(result.ok, error, result.failed_rank, tuple(ranks), result.isolation,
-                      result.stdout, script, loss_log)
+                      result.stdout, script, loss_log, result.notice, dict(result.exit_codes))
     if check and not run.ok:
         raise RuntimeError(run.summary())
     return run

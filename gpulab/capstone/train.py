@@ -17,6 +17,10 @@ loss is the mean over the ranks, all-reduced. A checkpoint every checkpoint_ever
 Fault injection: spec kill_at_step=s makes rank kill_rank SIGKILL itself at the start of step s,
 on the first attempt only (a file, work_dir/killed, says it happened); with --max-restarts 1
 torchrun restarts the group and it resumes.
+A preemption notice (Part 4): with spec record_dir, the learner's install_notice_handler() runs
+before the first step and handle_notice(folder, model, optimizer, steps_done) after every step;
+every save goes through preemption.SaveRecorder, and the state load_checkpoint restored is
+digested into the rank's record, for the checker to compare with what was saved.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from gpulab.capstone.config import CapstoneConfig
 from gpulab.capstone.data import rank_batch
 from gpulab.capstone.measure import PeakMeter, describe_model
 from gpulab.capstone.plan import ParallelPlan, make_mesh
+from gpulab.capstone.preemption import SaveRecorder, state_digest
 from gpulab.capstone.profile import profile_step
 from gpulab.models import GPT
 
-ROLES = ("shard_model", "save_checkpoint", "load_checkpoint")
+ROLES = ("shard_model", "save_checkpoint", "load_checkpoint", "install_notice_handler",
+         "handle_notice")
 # Starts the lines a run shows as it goes (run_capstone's progress=True prints only these).
 PROGRESS = "progress: "
 
@@ -64,6 +70,10 @@ def main(namespace: dict, work_dir: str, graded: dict[str, str]) -> None:
     device = _device()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     fns = {role: namespace[graded[role]] if graded.get(role) else None for role in ROLES}
+    if spec.get("record_dir") and fns["save_checkpoint"] is not None:
+        # The learner's own calls (from handle_notice, say) look the name up in the script.
+        fns["save_checkpoint"] = namespace[graded["save_checkpoint"]] = SaveRecorder(
+            fns["save_checkpoint"], Path(spec["record_dir"]), dist.get_rank())
     record = train(config, plan, spec, fns, device, work / "loss_log.jsonl")
     (work / f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
     dist.barrier()  # nobody leaves while another rank may still need a connection
@@ -96,6 +106,9 @@ def train(config: CapstoneConfig, plan: ParallelPlan, spec: dict, fns: dict, dev
                               "from, an int (0 when the folder holds no checkpoint)")
         if start and rank == 0:
             print(f"{PROGRESS}resuming from the checkpoint of step {start}", flush=True)
+    resumed = state_digest(model, optimizer) if spec.get("record_dir") else None
+    if fns["install_notice_handler"] is not None:
+        fns["install_notice_handler"]()
     # Not TORCHELASTIC_RESTART_COUNT: across nodes only the failed node's agent counts a
     # restart, and the c10d rendezvous may renumber the ranks, so a file marks the kill.
     killed = loss_log.with_name("killed")
@@ -129,12 +142,14 @@ def train(config: CapstoneConfig, plan: ParallelPlan, spec: dict, fns: dict, dev
                 (step + 1) % config.checkpoint_every == 0):
             fns["save_checkpoint"](folder, model, optimizer, step + 1)
             dist.barrier()  # nobody runs ahead of a checkpoint that is not complete
+        if fns["handle_notice"] is not None:  # a step boundary: the learner's to stop at
+            fns["handle_notice"](folder, model, optimizer, step + 1)
     return {"rank": rank, "node": int(os.environ.get("GROUP_RANK", -1)),
             "restart_count": attempt,
             "dp_rank": dp_rank, "tp_rank": mesh["tp"].get_local_rank(),
             "start_step": start, "losses": [v.hex() for v in losses],
             "peak_bytes": meter.peak_bytes, "peak_by_kind": meter.by_kind,
-            "profile": profile, "model": describe_model(model)}
+            "profile": profile, "model": describe_model(model), "resumed_digest": resumed}
 
 
 def _step(model, optimizer, scaler, config, plan, step: int, dp_rank: int, before_micro):

@@ -5,6 +5,7 @@ its parts and points, and its checkers. Every part runs the learner's FSDP2 code
     check_sharded_training(shard_model, PLAN)                 Part 1  FSDP2 equals one process
     check_memory_plan(predict_memory, shard_model, PLAN)      Part 2  predicted against measured
     check_elastic_resume(shard_model, save_checkpoint, ...)   Part 3  kill, restart, resume
+    check_preemption(shard_model, ..., handle_notice, PLAN)   Part 4  notice, save, requeue
     check_hang_diagnosis(diagnose_hang)                       Part 5  a planted hang, named
     written_answer                                            Part 6  graded by hand
 """
@@ -14,6 +15,7 @@ import dataclasses
 from gpulab.checks.capstone.elastic_resume import check_elastic_resume
 from gpulab.checks.capstone.hang_diagnosis import check_hang_diagnosis
 from gpulab.checks.capstone.memory_plan import check_memory_plan, check_prediction_follows_plan
+from gpulab.checks.capstone.preemption import check_preemption
 from gpulab.checks.capstone.sharded_training import check_sharded_training
 from gpulab.checks.table import Answer, Assignment, Check, part
 
@@ -23,6 +25,9 @@ ASSIGNMENT = Assignment("capstone_distributed_gpt", (
                                  {"course_config": Answer("capstone.config")})),
     part("elastic_resume", 4, Check("check_elastic_resume", ("shard_model", "save_checkpoint",
                                                              "load_checkpoint", "PLAN"))),
+    part("preemption", 4, Check("check_preemption", ("shard_model", "save_checkpoint",
+                                                     "load_checkpoint", "install_notice_handler",
+                                                     "handle_notice", "PLAN"))),
     part("hang_diagnosis", 2, Check("check_hang_diagnosis", ("diagnose_hang",))),
 ), manual=(("written_answer", 3),))
 
@@ -45,4 +50,5 @@ def _graded_hang(learner: str) -> dict:
 ANSWERS = {"config": _course_config, "hang": _graded_hang}
 
 __all__ = ["ANSWERS", "ASSIGNMENT", "check_elastic_resume", "check_hang_diagnosis",
-           "check_memory_plan", "check_prediction_follows_plan", "check_sharded_training"]
+           "check_memory_plan", "check_prediction_follows_plan", "check_preemption",
+           "check_sharded_training"]

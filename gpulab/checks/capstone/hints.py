@@ -1,7 +1,7 @@
 """The capstone's hints, one level per call of `gpulab.hint("capstone", part)`
 (gpulab/self_check/hints.py): 1 the idea, 2 the plan, 3 the shape of the code. The specs state the
 constraints (memory per rank, which mesh axis shards what, an exact resume); these lead to a
-design, one step at a time. The written answer (Part 5) is graded by hand and has none.
+design, one step at a time. The written answer (Part 6) is graded by hand and has none.
 Taught in: lessons/05_multi_gpu_strategies.ipynb, 06_model_pipeline_tensor_parallelism.ipynb,
 07_gpu_memory.ipynb
 """
@@ -77,6 +77,28 @@ HINTS: dict[str, tuple[str, str, str]] = {
         get_state_dict. To load, build that same two-entry dict from the live model and
         optimizer first (dcp.load fills it in place), then hand both halves to set_state_dict.
         Skip folders without a .metadata file, and read the step back from the newest name.
+        """,
+    ),
+    "preemption": (
+        """
+        The handler and the save live apart. The handler runs wherever the main thread
+        happens to be, even inside a collective, so it only notes that the notice came; the
+        loop's next step boundary is the safe place to act. And since one node alone is
+        told, the ranks must agree there before any of them starts a checkpoint.
+        """,
+        """
+        install_notice_handler sets a module-level flag to False and installs, with
+        signal.signal, a SIGTERM handler that sets it to True. handle_notice turns the flag
+        into a tensor and all-reduces it with MAX, so that every rank sees whether any was
+        told; when so, every rank calls save_checkpoint with the steps done, then exits with
+        REQUEUE_EXIT_CODE. Part 3's load_checkpoint then finds that checkpoint newest.
+        """,
+        """
+        The flag is a global: `global notice_came` in install_notice_handler and in the
+        nested handler (which takes signum and frame) that sets it. In handle_notice,
+        torch.tensor([1.0 if notice_came else 0.0]) goes through dist.all_reduce with
+        op=dist.ReduceOp.MAX; if its item() is nonzero, save_checkpoint(folder, model,
+        optimizer, step), then raise SystemExit(REQUEUE_EXIT_CODE). About 12 lines in all.
         """,
     ),
     "hang_diagnosis": (
