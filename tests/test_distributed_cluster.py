@@ -1,6 +1,7 @@
 """LocalCluster: N nodes x M processes under torchrun, joined by a c10d rendezvous, each node in
 its own network namespace where the machine allows it; a training run that survives a killed
-worker; SLURM and Kubeflow job files rendered from one JobSpec.
+worker; a node given a preemption notice; SLURM and Kubeflow job files rendered from one JobSpec,
+with and without a grace period and requeues.
 
 A cluster launch costs seconds (every node's agent imports torch, and so does each node's rank
 server), so each test checks several things per launch. The netns tests need root and

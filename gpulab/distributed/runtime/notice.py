@@ -7,7 +7,8 @@ a spot VM, a Kubernetes pod or a SLURM job gets one: a signal, a grace period, t
 
 The trigger is a line of the run's own output, not a clock: the program says when it reached
 the point (a step printed), so the notice lands at the same place on a loaded machine as on an
-idle one. It fires once, the first time any forwarded line contains `on_output`.
+idle one. It fires once, the first time any forwarded line contains `on_output`. Print it
+after init_process_group: the signal goes to the ranks that have started by then.
 
 Who receives the signal: the target's ranks themselves (and their process groups), as on a spot
 VM, where every process gets it. A LocalCluster node's torchrun agent is not asked to pass it on:
