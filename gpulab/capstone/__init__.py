@@ -15,6 +15,8 @@ launch     run_capstone: the learner's code as a script on a LocalCluster -> Cap
 measure    PeakMeter (FSDPMemTracker on CPU, the allocator on CUDA), describe_model
 profile    profile_step: a step's compute, communication and idle time
 reference  reference_losses: the same training in one process, without any parallelism
+preemption what the loop watches when a notice may come: every save, the state a resume loaded
+hang       a hang planted on purpose (one rank skips one collective), drawn per learner
 Taught in: solutions/capstone_distributed_gpt (the capstone project)
 """
 
