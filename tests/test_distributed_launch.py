@@ -30,6 +30,7 @@ from gpulab.distributed import (
     Launcher,
     LaunchTimeout,
     Notice,
+    NoticeReport,
     Preempted,
     ProcessGroupStartError,
     RankError,
@@ -532,6 +533,24 @@ def test_a_rank_that_ignores_its_notice_is_killed_after_the_grace_period(capsys,
     assert "did not exit within the grace period and was killed (SIGKILL)" in str(caught.value)
     counts = [count for _, count in _steps_lines(capsys.readouterr().out, 0)]
     assert max(counts) == 1, "the trigger came on many lines, the signal once"
+
+
+def test_a_notice_report_tells_a_chosen_exit_from_a_signal_nothing_handled():
+    def told(exit_codes: dict) -> str:
+        return str(NoticeReport("node 1", "SIGTERM", 10.0, 5.0, tuple(exit_codes), exit_codes,
+                                exited_in_grace=True, took_s=0.1))
+
+    assert "It exited by itself within the grace period, 0.1 s after the notice, with exit " \
+        "code 75 (requeue requested)." in told({1: REQUEUE_EXIT_CODE})
+    # Without a handler, SIGTERM's default action ends a rank in time, but not "by itself".
+    assert "It ended within the grace period, 0.1 s after the notice, killed by SIGTERM: no " \
+        "handler caught it." in told({1: -signal.SIGTERM})
+    assert "did not leave through Python" in told({0: None, 1: None}), \
+        "under torchrun a rank that a signal ended leaves no code of its own"
+    mixed = told({0: REQUEUE_EXIT_CODE, 1: -signal.SIGSEGV})
+    assert "ended within" in mixed and "with exit code 75; killed by SIGSEGV." in mixed
+    assert "no handler" not in mixed and "requeue requested" not in mixed
+    assert told({}).endswith("None of its ranks was running yet: nothing received the signal.")
 
 
 def test_a_notice_is_checked():

@@ -96,10 +96,26 @@ class NoticeReport:
         if self.killed:
             return (f"{head} It did not exit within the grace period and was killed (SIGKILL) "
                     f"{self.took_s:.1f} s after the notice.")
-        codes = sorted({c for c in self.exit_codes.values()}, key=str)
+        if not self.ranks:  # the trigger came before any of them had started
+            return f"{head} None of its ranks was running yet: nothing received the signal."
+        codes = sorted(set(self.exit_codes.values()), key=str)
+        chosen = [code for code in codes if code is not None and code >= 0]
+        endings = [f"with exit code {', '.join(map(str, chosen))}"] if chosen else []
+        endings += [self._ending(code) for code in codes if code not in chosen]
+        # A signal's default action (no handler) also ends it in time: not "by itself".
+        how = "exited by itself" if chosen == codes else "ended"
         said = " (requeue requested)" if self.requeue_requested else ""
-        return (f"{head} It exited by itself within the grace period, {self.took_s:.1f} s after "
-                f"the notice, with exit code {', '.join(map(str, codes))}{said}.")
+        return (f"{head} It {how} within the grace period, {self.took_s:.1f} s after the "
+                f"notice, {'; '.join(endings)}{said}.")
+
+    def _ending(self, code: int | None) -> str:
+        """How a rank ended that chose no exit code: a signal, or an end outside Python."""
+        if code is None:  # under torchrun only the agent sees how its worker ended
+            return ("without an exit code of its own (it did not leave through Python: a "
+                    "signal's default action, or os._exit)")
+        name = signal_name(-code)
+        return f"killed by {name}" + (": no handler caught it" if name == self.signal_name
+                                      else "")
 
 
 class NoticeClock:
