@@ -6,7 +6,6 @@ Each wrong version is a mistake a learner makes; its docstring says which.
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import torch

@@ -11,8 +11,8 @@ called from inside the signal handler. A save there is refused: Python runs a ha
 two bytecodes of whatever the main thread was doing, and a checkpoint's collectives started
 there would interleave with the collective in flight (FSDP2's all-gather of the step, say),
 deadlocking or mixing the two. The caller's stack says it deterministically: the code of the
-handler SIGTERM has at that moment is on it. The digests let the checker compare, bit for bit, the state saved at the notice
-with the state the requeued run loaded.
+handler SIGTERM has at that moment is on it. The digests let the checker compare, bit for bit,
+the state saved at the notice with the state the requeued run loaded.
 Taught in: the capstone (solutions/capstone_distributed_gpt), Part 4
 """
 

@@ -30,16 +30,22 @@ from gpulab.distributed.runtime.node_script import SourceNotFound
 from gpulab.distributed.runtime.notice import REQUEUE_EXIT_CODE, Notice
 from gpulab.env import grading
 
-GRACE_S = 10.0  # a spot VM gets about 30 s; a tiny model's checkpoint takes about 1 s here
+GRACE_S = 10.0  # a spot VM gets about 30 s; the tiny model's checkpoint takes about 1 s here
+GRACE_S_GPU = 60.0  # the gpu runner's 406 M-parameter GPT writes about 6.5 GB of state
 CHECKPOINT_EVERY = 4  # the periodic checkpoints the notice falls between
 LONG_RUN = 200  # steps the first run asks for: far more than the grace period allows
 
 
 def check_preemption(shard_model, save_checkpoint, load_checkpoint, install_notice_handler,
                      handle_notice, plan, *, notice_after_step: int = 4, node: int = 1,
-                     grace_s: float = GRACE_S, seed: int = 0, isolation: str = "auto") -> None:
+                     grace_s: float | None = None, seed: int = 0,
+                     isolation: str = "auto") -> None:
     """Give `node` notice once step `notice_after_step` is done (see the module), then requeue
-    the job and check its resume."""
+    the job and check its resume. grace_s: the runner's (GRACE_S on the cpu runner)."""
+    if grace_s is None:
+        import gpulab
+
+        grace_s = gpulab.runner.pick(cpu=GRACE_S, gpu=GRACE_S_GPU)
     for fn, name in ((shard_model, "shard_model"), (save_checkpoint, "save_checkpoint"),
                      (load_checkpoint, "load_checkpoint"),
                      (install_notice_handler, "install_notice_handler"),
