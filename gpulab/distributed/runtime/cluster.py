@@ -295,7 +295,7 @@ class LocalCluster:
         env.update(extra or {})
         return env
 
-    def _supervise(self, agents, report: Path, forwarder, timeout_s, clock=None):
+    def _supervise(self, agents, report: Path, forwarder, timeout_s, notice_clock=None):
         """Wait for the agents; return (exit codes, index of the first to fail, all started)."""
         # timeout_s counts only once every rank is past start-up (imports, init_process_group):
         # counted from the processes' start, a slow start-up could run it out before a rank
@@ -307,8 +307,8 @@ class LocalCluster:
         started = False  # every rank's process is up (a failure after this is not its launch)
         while True:
             forwarder.drain()
-            if clock is not None:
-                self._deliver(clock, report, agents)
+            if notice_clock is not None:
+                self._deliver(notice_clock, report, agents)
             codes = [a.poll() for a in agents]
             if failed_first is None:
                 failed_first = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
@@ -325,7 +325,8 @@ class LocalCluster:
                 # up (torchrun waits minutes at its exit barrier): stop them shortly after.
                 gave_up_at = gave_up_at or now
                 # After a notice, the other nodes get its grace period (to save, say).
-                grace = clock.notice.grace_s if clock is not None and clock.sent else 0.0
+                noticed = notice_clock is not None and notice_clock.sent
+                grace = notice_clock.notice.grace_s if noticed else 0.0
                 if now - gave_up_at > max(_GIVE_UP_GRACE_S, grace):
                     processes.stop([a for a in agents if a.poll() is None])
                     return [a.poll() for a in agents], failed_first, started
