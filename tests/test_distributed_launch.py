@@ -535,6 +535,25 @@ def test_a_rank_that_ignores_its_notice_is_killed_after_the_grace_period(capsys,
     assert max(counts) == 1, "the trigger came on many lines, the signal once"
 
 
+def _returns_before_the_trigger(rank, world_size, folder: str):
+    """Rank 0 returns at once; rank 1 prints the trigger once rank 0 is about to return."""
+    if rank == 0:
+        Path(folder, "returning").touch()
+        return rank
+    while not Path(folder, "returning").exists():
+        time.sleep(0.05)
+    time.sleep(2.0)  # rank 0's result is sent by now
+    print("ready", flush=True)
+    time.sleep(0.5)
+    return rank
+
+
+def test_a_notice_for_a_rank_that_already_returned_changes_nothing(tmp_path, no_leftovers):
+    notice = Notice(target=0, on_output="ready", grace_s=1.0)
+    assert run_on_ranks(_returns_before_the_trigger, 2, str(tmp_path), timeout_s=60,
+                        backend="gloo", notice=notice) == [0, 1]
+
+
 def test_a_notice_report_tells_a_chosen_exit_from_a_signal_nothing_handled():
     def told(exit_codes: dict) -> str:
         return str(NoticeReport("node 1", "SIGTERM", 10.0, 5.0, tuple(exit_codes), exit_codes,

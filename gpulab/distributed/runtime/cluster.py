@@ -346,7 +346,8 @@ class LocalCluster:
         notice = clock.notice
         if clock.due():
             clock.pids = node_ranks(report, notice.target)
-            for pid in clock.pids.values():
+            # The live ones only: an ended rank's pid may be another process's by now.
+            for pid in filter(running, clock.pids.values()):
                 send(pid, notice.signal)
         if not clock.sent:
             return
@@ -354,7 +355,7 @@ class LocalCluster:
             if not any(running(pid) for pid in clock.pids.values()):
                 clock.end()
             elif clock.expired():
-                for pid in clock.pids.values():
+                for pid in filter(running, clock.pids.values()):
                     send(pid, processes.KILL_SIGNAL)
                 clock.end(killed=True)
             return

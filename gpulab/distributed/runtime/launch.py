@@ -258,7 +258,8 @@ class Launcher:
         target = self.notice.target
         if clock.due():
             clock.pids = {target: procs[target].pid}
-            send(procs[target].pid, self.notice.signal)
+            if procs[target].poll() is None:  # an ended rank's pid may be another's by now
+                send(procs[target].pid, self.notice.signal)
         if not clock.sent or clock.ended_at is not None:
             return
         if target in results or target in dead:
