@@ -14,7 +14,8 @@ their `lab` field). Every known mistake loses its points in some test:
   - those named in `end_to_end`, graded by the batch as well: enough to show, through nbgrader
     and the sandbox, that a mistake costs exactly its part and that the feedback teaches it.
     Mistakes in distinct parts go in one notebook (`together`), one kernel for all of them; the
-    capstone's two are graded so only (each of its checks is a cluster run, as the batch's are).
+    capstone grades one such learner, with a mistake in Parts 4 and 5, and its other mistakes
+    in the checker tests only (each of its checks is a cluster run, as the batch's are).
 Not a test module (no `test_` prefix).
 """
 
@@ -675,12 +676,13 @@ CAPSTONE = Spec(
                 r"rank 0 is one of the ranks waiting in \w+: it made the call and waits for "
                 r"the rank that never did"),
     ),
-    # None graded end to end: every capstone notebook runs seven 2 x 2 cluster launches and two
-    # planted hangs, minutes of CPU graded beside the solution, where each mistake's checker
-    # alone starts one or two (tests/test_checks_capstone.py). The labs' batches show what a
-    # mistake costs there.
-    end_to_end=(),
-    together=None,
+    # One learner graded end to end, with a mistake in each of Parts 4 and 5: the proof that
+    # the notice's and the hang's failures cost exactly their parts through nbgrader. Every
+    # capstone notebook runs seven 2 x 2 cluster launches and two planted hangs, minutes of CPU
+    # beside the solution, so the other mistakes meet their checkers in process only
+    # (tests/test_checks_capstone.py, one or two launches each).
+    end_to_end=("no_emergency_checkpoint", "blames_the_first_rank"),
+    together="two_mistakes",
     hidden_at_least=2,
     checker_tests="tests/test_checks_capstone.py",
     marks=(pytest.mark.capstone, pytest.mark.dist),
