@@ -176,8 +176,11 @@ def test_a_first_run_that_exits_without_the_requeue_code_is_told_the_code():
 
     saves = _saves(4) + _saves(6)
     assert judge_notice(_run(notice=_notice({2: 75, 3: 75})), saves, 1, 10.0) == 6
-    with pytest.raises(AssertionError, match=r"exit code 0, not REQUEUE_EXIT_CODE \(75\)"):
+    with pytest.raises(AssertionError, match=r"with exit code 0\. Once the checkpoint is saved, "
+                       r"exit with REQUEUE_EXIT_CODE \(75\)"):
         judge_notice(_run(notice=_notice({2: 0, 3: 0})), saves, 1, 10.0)
+    with pytest.raises(AssertionError, match="killed by SIGTERM: no handler caught it"):
+        judge_notice(_run(notice=_notice({2: -15, 3: -15})), saves, 1, 10.0)
     with pytest.raises(AssertionError, match="the run ended before the notice could be sent"):
         judge_notice(_run(ok=True), saves, 1, 10.0)
 

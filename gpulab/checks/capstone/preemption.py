@@ -102,13 +102,13 @@ def judge_notice(run, saves: list[dict], node: int, grace_s: float) -> int:
     if report.killed:
         raise AssertionError(_killed_text(report, saves, node, grace_s, done, newest))
     if not report.requeue_requested:
-        codes = sorted(set(report.exit_codes.values()), key=str)
-        said = "" if run.ok else f"\n{failure_text('check_preemption', run)}"
+        raised = 1 in report.exit_codes.values()  # an exception: its traceback says where
+        said = f"\n{failure_text('check_preemption', run)}" if raised and not run.ok else ""
         raise AssertionError(
-            f"node {node}'s ranks ended within the grace period with exit code "
-            f"{', '.join(map(str, codes))}, not REQUEUE_EXIT_CODE ({REQUEUE_EXIT_CODE}): once "
-            "the checkpoint is saved, exit with it, the code a scheduler is told means "
-            f"'saved: start me again' (0 says the job is done, 1 that it failed).{said}")
+            f"{report} Once the checkpoint is saved, exit with REQUEUE_EXIT_CODE "
+            f"({REQUEUE_EXIT_CODE}), the code a scheduler is told means 'saved: start me again' "
+            "(0 says the job is done, 1 that it failed, and a SIGTERM no handler catches ends "
+            f"the rank at once).{said}")
     if newest < done:
         raise AssertionError(steps_lost(done, newest))
     return done
