@@ -15,15 +15,15 @@ collect_ignore_glob = ["fixtures/*"]
 # notebook's cells share a kernel) and the files go out in this order, as a fresh clone's
 # `make test` measured them (seconds of wall, all workers busy): 315, 308 (`bench --quick`),
 # 286, 203, 186, 170, 123, 120, 119, 116, 111, 104, 101, 100, 74, 69, 68.
-LONGEST_FIRST = ("tests/test_grading_lab4.py", "tests/test_setup.py",
-                 "tests/test_grading_lab3.py", "tests/test_grading_capstone.py",
-                 "tests/test_autograder_parallel.py", "tests/test_grading_lab1.py",
-                 "tests/test_checks_capstone.py", "tests/test_autograder_robustness.py",
-                 "tests/test_distributed_cluster.py", "tests/test_hub.py",
+LONGEST_FIRST = ("tests/test_grading_capstone.py", "tests/test_grading_lab4.py",
+                 "tests/test_setup.py", "tests/test_checks_capstone.py",
+                 "tests/test_grading_lab3.py", "tests/test_autograder_parallel.py",
+                 "tests/test_grading_lab1.py", "tests/test_distributed_cluster.py",
+                 "tests/test_autograder_robustness.py", "tests/test_hub.py",
                  "tests/test_grading_quiz.py", "tests/test_grading_lab5.py",
                  "tests/test_checks_lab4.py", "tests/test_colab.py",
                  "tests/test_capstone_cluster.py", "tests/test_checks_lab3.py",
-                 "tests/test_grading_lab2.py")
+                 "tests/test_distributed_launch.py", "tests/test_grading_lab2.py")
 
 
 def pytest_collection_modifyitems(config, items):
