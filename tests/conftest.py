@@ -13,8 +13,9 @@ collect_ignore_glob = ["fixtures/*"]
 # grades one notebook's batch (tests/grading_checks.py); `make test` runs --dist loadfile with
 # --no-loadscope-reorder, so that a file's tests stay on one worker (nbval needs it too: a
 # notebook's cells share a kernel) and the files go out in this order, as a fresh clone's
-# `make test` measured them (seconds of wall, all workers busy): 315, 308 (`bench --quick`),
-# 286, 203, 186, 170, 123, 120, 119, 116, 111, 104, 101, 100, 74, 69, 68.
+# `make test` measured them (seconds of wall, all workers busy; the capstone's two files as
+# measured alone on a loaded machine): 374, 315, 308 (`bench --quick`), about 280, 286, 186,
+# 170, 119, 120, 116, 111, 104, 101, 100, 74, 69, 60, 68.
 LONGEST_FIRST = ("tests/test_grading_capstone.py", "tests/test_grading_lab4.py",
                  "tests/test_setup.py", "tests/test_checks_capstone.py",
                  "tests/test_grading_lab3.py", "tests/test_autograder_parallel.py",
