@@ -25,7 +25,9 @@ from collections import deque
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
-STACK_SIGNAL = getattr(signal, "SIGUSR1", None)  # asks a process to dump its Python stacks
+# Asks a process to dump its Python stacks. Not SIGUSR1: that is the preemption notice SLURM's
+# --signal sends by default (runtime/notice.py), and a job that handles it would replace the dump.
+STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
 KILL_SIGNAL = getattr(signal, "SIGKILL", signal.SIGTERM)  # cannot be caught (SIGTERM on Windows)
 
 

@@ -5,8 +5,8 @@ agent itself (run_agent), both started by bootstrap.py:
 
 It dies with its parent (the torchrun agent), records where it waits (the status line of
 worker.py, in REPORT_DIR: "init" inside init_process_group, which the launchers count as
-start-up), registers a stack dump on SIGUSR1, then runs script.py as `python script.py ARGS`
-would. An uncaught exception is written to REPORT_DIR/rank{N}.error
+start-up), registers a stack dump on STACK_SIGNAL (SIGUSR2), then runs script.py as
+`python script.py ARGS` would. An uncaught exception is written to REPORT_DIR/rank{N}.error
 (time, type, traceback) so the caller can name the rank that failed first, and printed without
 the "[rankN]:" prefix that torch's own hook would add. Its node (GPULAB_NODE, which
 LocalCluster sets per node) goes to REPORT_DIR/rank{N}.node and its exit code, when it leaves

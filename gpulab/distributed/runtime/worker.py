@@ -9,7 +9,7 @@ and talks to it through files in LAUNCH_DIR and one pipe:
     payload.pkl         (fn, args, kwargs, before_init), pickled by by_value.py
     rank{N}.status      a small memory-mapped line "phase|since|detail", rewritten in place,
                         so the launcher can say where a hung rank is waiting
-    rank{N}.stack       where faulthandler writes this rank's Python stacks on SIGUSR1
+    rank{N}.stack       its Python stacks, written by faulthandler on STACK_SIGNAL
     rank{N}.result      ("ok", value) or ("error", phase, type, message, traceback, exception)
     the "go" pipe       end of file means: every rank has a result, leave now (or, before this
                         rank has finished, that the launcher is gone: exit at once)
