@@ -205,7 +205,8 @@ def _grade_batch(course, lab, todo, profile, prints, jobs, progress) -> dict[str
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=course.grading / "tmp"))
     source = course.grading / "source" / lab
     answers = compute_answers(lab, source, profile.kernel_env(os.environ),
-                              [submission.student_id for submission in todo])
+                              [submission.student_id for submission in todo],
+                              timeout_s=profile.submission_timeout_s)
     # ".lab": no student id starts with a dot (course.STUDENT_ID), so no worker folder clashes
     lab_root = lab_alone(course, lab, scratch / ".lab")
     tasks = [
