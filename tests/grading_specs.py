@@ -654,7 +654,7 @@ CAPSTONE = Spec(
                 "    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # nothing stops this run",
                 "test_preemption",
                 r"node 1 went on training after the notice: .* killed \(SIGKILL\), the grace "
-                r"period being 10 s\. \d+ steps? lost: the first run had completed steps 0 to "),
+                r"period being 30 s\. \d+ steps? lost: the first run had completed steps 0 to "),
         Mistake("no_emergency_checkpoint", "handle_notice",
                 "        save_checkpoint(folder, model, optimizer, step)\n", "",
                 "test_preemption",
@@ -663,11 +663,11 @@ CAPSTONE = Spec(
         Mistake("save_outlives_the_grace", "save_checkpoint", "    dcp.save(",
                 "    import time\n\n"
                 "    if step % 4:  # not a periodic one: the notice's, a full copy to slow disk\n"
-                "        time.sleep(12)  # longer than the grace period\n"
+                "        time.sleep(45)  # longer than the grace period\n"
                 "    dcp.save(",
                 "test_preemption",
                 r"node 1 was killed mid-save: SIGKILL came [\d.]+ s after the notice \(the "
-                r"grace period is 10 s\) while the checkpoint of step [56] was still being "
+                r"grace period is 30 s\) while the checkpoint of step [56] was still being "
                 r"written .*your completed saves took up to [\d.]+ s"),
         # Part 5: two planted hangs, a few seconds.
         Mistake("blames_the_first_rank", "diagnose_hang", "    return elsewhere[0], missing",
