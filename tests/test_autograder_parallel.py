@@ -25,7 +25,7 @@ from autograder.course import COURSE_ID, Course, CourseError, gradebook_url
 from autograder.export import rows
 from autograder.grade import fingerprint, grade
 from autograder.gradebook import records, writer_lock
-from autograder.pool import LIFELINE, SCRATCH_TAG, WorkerPool, kill_leftovers
+from autograder.pool import LIFELINE, SCRATCH_TAG, WorkerPool, kill_leftovers, kill_tree
 from autograder.profiles import get_profile
 from autograder.submissions import Submission
 
@@ -113,6 +113,7 @@ class Grader:
     """`python -m autograder grade` in a subprocess, as an instructor runs it, watched from here."""
 
     runs = 0
+    started: list["Grader"] = []  # every grader of this module: stopped after each test
 
     def __init__(self, root: Path, subs: Path, course_dir: Path, *options: str):
         Grader.runs += 1
@@ -123,6 +124,7 @@ class Grader:
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log,
                                             preexec_fn=ctrl_c_as_in_a_terminal)
+        Grader.started.append(self)
         self.seen: dict[int, psutil.Process] = {}
 
     def watch(self) -> dict[int, psutil.Process]:
@@ -132,7 +134,10 @@ class Grader:
     def recorded(self) -> int:
         return len(list((self.course_dir / "records" / LAB).glob("*.json")))
 
-    def wait_until(self, condition, what: str, timeout: float = 90):
+    # The waits below end on an event; their limits only stop a grader that never gets there,
+    # and are generous: with two `make test` runs side by side on 2 cores, grading the fixture
+    # lab's first submission took over 90 s.
+    def wait_until(self, condition, what: str, timeout: float = 600):
         def check():
             self.watch()
             assert self.process.poll() is None, f"the grader ended early:\n{self.output()}"
@@ -142,8 +147,20 @@ class Grader:
     def output(self) -> str:
         return self.log.read_text()
 
-    def finish(self, timeout: float = 180) -> int:
+    def finish(self, timeout: float = 600) -> int:
         return self.process.wait(timeout=timeout)
+
+
+@pytest.fixture(autouse=True)
+def no_grader_outlives_its_test():
+    """A test that fails while a grader runs leaves it (and its kernels) to this: they would
+    run on, and count as another test's leftovers."""
+    yield
+    while Grader.started:
+        grader = Grader.started.pop()
+        if grader.process.poll() is None:
+            kill_tree(grader.process.pid)
+            grader.process.wait()
 
 
 def assert_all_gone(processes: dict[int, psutil.Process], within: float) -> None:
@@ -371,7 +388,7 @@ def test_an_interrupted_then_killed_grader_finishes_with_the_same_grades(course,
     first = Grader(root, subs, grading, "--jobs", "2")
     first.wait_until(lambda: first.recorded() >= 1, "nothing recorded")
     first.process.send_signal(signal.SIGINT)
-    assert first.finish(timeout=60) == 130, first.output()
+    assert first.finish() == 130, first.output()
     assert "run the same command again" in first.output()
     assert_all_gone(first.seen, within=5)
     assert not any((grading / "tmp").iterdir()), "an interrupted run removes its folders"
@@ -410,7 +427,7 @@ def test_no_worker_or_kernel_outlives_the_grader(course, tmp_path):
         grader.wait_until(lambda g=grader: any(is_kernel(p) for p in g.watch().values()),
                           "no kernel started")
         grader.process.send_signal(stop)
-        assert grader.finish(timeout=60) == (130 if stop == signal.SIGINT else -stop)
+        assert grader.finish() == (130 if stop == signal.SIGINT else -stop)
         assert_all_gone(grader.seen, within=15)
     leftovers = list((grading / "tmp").iterdir())
     assert leftovers, "the SIGKILLed run left its worker folder"

@@ -43,7 +43,10 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-WAIT_S = 90  # a cold kernel importing gpulab (numba, matplotlib) on a busy 2-core machine
+# Each wait ends when the page shows what it waits for; the limit only ends a wait that never
+# would. A cold kernel importing gpulab (numba, matplotlib) on a busy 2-core machine takes tens
+# of seconds, and with two `make test` runs side by side a hub's Assignments list took over 90.
+WAIT_S = 300
 SHORT_TRACEBACK_LINES = 15  # IPython's full traceback through the simulator runs to 60-80
 OFF_BY_ONE = next(m for m in LAB1.mistakes if m.student_id == "off_by_one")
 PYTHON3 = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)",
