@@ -62,12 +62,7 @@ from gpulab.distributed.runtime.cluster_result import (
     node_ranks,
 )
 from gpulab.distributed.runtime.errors import ProcessGroupStartError, RankError
-from gpulab.distributed.runtime.notice import (
-    REQUEUE_EXIT_CODE,
-    NoticeClock,
-    running,
-    send,
-)
+from gpulab.distributed.runtime.notice import REQUEUE_EXIT_CODE, NoticeClock, running
 from gpulab.distributed.runtime.torchrun import RunClock, starting_ranks, timeout_error
 from gpulab.distributed.runtime.worker import describe_status, read_status
 
@@ -343,23 +338,12 @@ class LocalCluster:
         """Send the notice to the target node's ranks when it is due; once they are gone, or
         SIGKILLed at the end of the grace period, the node's agent goes too (the machine is),
         after a moment to pass on their output."""
-        notice = clock.notice
-        if clock.due():
-            clock.pids = node_ranks(report, notice.target)
-            # The live ones only: an ended rank's pid may be another process's by now.
-            for pid in filter(running, clock.pids.values()):
-                send(pid, notice.signal)
-        if not clock.sent:
-            return
+        target = clock.notice.target
+        clock.tend(lambda: node_ranks(report, target),
+                   lambda: not any(map(running, clock.pids.values())))
         if clock.ended_at is None:
-            if not any(running(pid) for pid in clock.pids.values()):
-                clock.end()
-            elif clock.expired():
-                for pid in filter(running, clock.pids.values()):
-                    send(pid, processes.KILL_SIGNAL)
-                clock.end(killed=True)
             return
-        agent = agents[notice.target]
+        agent = agents[target]
         if agent.poll() is None and time.monotonic() - clock.ended_at > _NOTICED_AGENT_LINGER_S:
             processes.stop([agent], grace_s=0.0)
 

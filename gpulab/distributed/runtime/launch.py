@@ -52,7 +52,7 @@ from gpulab.distributed.runtime.errors import (
     ProcessGroupStartError,
     RankError,
 )
-from gpulab.distributed.runtime.notice import NoticeClock, send
+from gpulab.distributed.runtime.notice import NoticeClock
 from gpulab.distributed.runtime.worker import PHASES, StatusBoard, describe
 
 _RUN = PHASES.index("run")
@@ -256,17 +256,8 @@ class Launcher:
     def _deliver(self, clock: NoticeClock, procs, results, dead) -> None:
         """Send the notice when it is due; SIGKILL the rank when its grace period is over."""
         target = self.notice.target
-        if clock.due():
-            clock.pids = {target: procs[target].pid}
-            if procs[target].poll() is None:  # an ended rank's pid may be another's by now
-                send(procs[target].pid, self.notice.signal)
-        if not clock.sent or clock.ended_at is not None:
-            return
-        if target in results or target in dead:
-            clock.end()
-        elif clock.expired():
-            send(procs[target].pid, processes.KILL_SIGNAL)
-            clock.end(killed=True)
+        clock.tend(lambda: {target: procs[target].pid},
+                   lambda: target in results or target in dead)
 
     def _preempted(self, clock: NoticeClock, procs, results, dead, boards) -> Preempted:
         """The launch ended after a notice: what the notice did first, then each other rank."""

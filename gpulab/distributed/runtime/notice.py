@@ -35,7 +35,10 @@ import contextlib
 import os
 import signal as signals
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from gpulab.distributed.runtime.processes import KILL_SIGNAL
 
 REQUEUE_EXIT_CODE = 75  # "saved, stopped cleanly: start me again" (EX_TEMPFAIL; see above)
 
@@ -155,6 +158,24 @@ class NoticeClock:
         """The noticed processes are gone: by themselves, or `killed` now."""
         if self.ended_at is None:
             self.ended_at, self.killed = time.monotonic(), killed
+
+    def tend(self, ranks: Callable[[], dict[int, int]], gone: Callable[[], bool]) -> None:
+        """One look from a launcher's loop: when the notice is due, signal the live processes of
+        `ranks()` ({rank: pid}); once sent, end it when `gone()` says they ended, or SIGKILL
+        the live ones at the end of the grace period. Only live pids are signalled: an ended
+        process's pid may be another's by now."""
+        if self.due():
+            self.pids = ranks()
+            for pid in filter(running, self.pids.values()):
+                send(pid, self.notice.signal)
+        if not self.sent or self.ended_at is not None:
+            return
+        if gone():
+            self.end()
+        elif self.expired():
+            for pid in filter(running, self.pids.values()):
+                send(pid, KILL_SIGNAL)
+            self.end(killed=True)
 
     def report(self, where: str, exit_codes: dict[int, int | None]) -> NoticeReport:
         """The report, with each noticed rank's exit code."""
